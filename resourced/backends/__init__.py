@@ -1,0 +1,24 @@
+"""GPU facts behind one small interface: NVML, a simulation, or none (with the reason)."""
+
+import os
+
+from .base import Backend, BackendError, GpuProcess, NoGpus
+
+__all__ = ["Backend", "BackendError", "GpuProcess", "NoGpus", "select_backend"]
+
+SIMULATION_VARIABLE = "RESOURCED_SIMULATED_GPUS"
+
+
+def select_backend(environ=os.environ) -> Backend:
+    """The simulation when RESOURCED_SIMULATED_GPUS is set, else NVML, else no GPUs."""
+    simulated = environ.get(SIMULATION_VARIABLE)
+    if simulated:
+        from .simulated import SimulatedBackend
+
+        return SimulatedBackend.from_setting(simulated)
+    from .nvml import NvmlBackend
+
+    try:
+        return NvmlBackend.open()
+    except BackendError as exc:
+        return NoGpus(f"NVML is not usable ({exc}) and {SIMULATION_VARIABLE} is not set")

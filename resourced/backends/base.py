@@ -1,0 +1,44 @@
+"""What every GPU backend answers. Calls block; the daemon runs them off its event loop."""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..core.inventory import Gpu
+
+
+class BackendError(Exception):
+    """The backend could not answer (no driver, a lost GPU, a broken simulation file)."""
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A compute process the driver reports on a GPU."""
+
+    pid: int
+    used_memory_bytes: int = 0
+
+
+class Backend(Protocol):
+    name: str
+    """``nvml``, ``simulated`` or ``none``."""
+
+    def inventory(self) -> list[Gpu]:
+        """The GPUs present now."""
+
+    def processes(self) -> dict[str, list[GpuProcess]]:
+        """GPU UUID -> compute processes on it, for every GPU the driver answered for."""
+
+
+class NoGpus:
+    """The placeholder when neither NVML nor a simulation is available; says why."""
+
+    name = "none"
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def inventory(self) -> list[Gpu]:
+        return []
+
+    def processes(self) -> dict[str, list[GpuProcess]]:
+        return {}

@@ -1,0 +1,65 @@
+"""NVIDIA GPUs through NVML (the nvidia-ml-py package, imported as pynvml)."""
+
+from contextlib import contextmanager
+
+from ..core.inventory import Gpu
+from .base import BackendError, GpuProcess
+
+
+@contextmanager
+def nvml_errors():
+    """Translate NVML's exceptions into BackendError, the one error backends raise."""
+    import pynvml
+
+    try:
+        yield pynvml
+    except pynvml.NVMLError as exc:
+        raise BackendError(f"NVML: {exc}") from exc
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlBackend:
+    name = "nvml"
+
+    def __init__(self, handles: list):
+        self._handles = handles  # cached device handles, in NVML index order
+
+    @classmethod
+    def open(cls) -> "NvmlBackend":
+        """Initialise NVML once and cache the device handles."""
+        try:
+            import pynvml  # noqa: F401
+        except ImportError as exc:
+            raise BackendError("the nvidia-ml-py package is not installed") from exc
+        with nvml_errors() as nv:
+            nv.nvmlInit()
+            count = nv.nvmlDeviceGetCount()
+            return cls([nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)])
+
+    def inventory(self) -> list[Gpu]:
+        gpus = []
+        with nvml_errors() as nv:
+            for index, h in enumerate(self._handles):
+                gpus.append(
+                    Gpu(
+                        index=index,
+                        uuid=_text(nv.nvmlDeviceGetUUID(h)),
+                        name=_text(nv.nvmlDeviceGetName(h)),
+                        memory_bytes=int(nv.nvmlDeviceGetMemoryInfo(h).total),
+                        pci_bus_id=_text(nv.nvmlDeviceGetPciInfo(h).busId),
+                    )
+                )
+        return gpus
+
+    def processes(self) -> dict[str, list[GpuProcess]]:
+        found = {}
+        with nvml_errors() as nv:
+            for h in self._handles:
+                procs = nv.nvmlDeviceGetComputeRunningProcesses(h)
+                found[_text(nv.nvmlDeviceGetUUID(h))] = [
+                    GpuProcess(int(p.pid), int(p.usedGpuMemory or 0)) for p in procs
+                ]
+        return found

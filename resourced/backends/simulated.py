@@ -1,0 +1,81 @@
+"""Simulated GPUs, for tests, demos and machines without NVIDIA hardware.
+
+``RESOURCED_SIMULATED_GPUS`` is either a whole number N (N idle GPUs) or the path of a
+JSON file, re-read on every look, so a test can change what "the driver" reports::
+
+    {"gpus": [{"index": 0, "uuid": "GPU-...", "name": "...", "memory_total_mib": 81920,
+               "pci_bus_id": "00000000:01:00.0",
+               "processes": [{"pid": 4242, "used_memory_mib": 1024}]}]}
+
+Only ``index`` is required per GPU; the rest has simulation defaults.
+"""
+
+import json
+
+from ..core.inventory import Gpu
+from .base import BackendError, GpuProcess
+
+MIB = 1024 * 1024
+DEFAULT_MEMORY_MIB = 81920
+
+
+def simulated_uuid(index: int) -> str:
+    return f"GPU-5e1a7ed0-0000-4000-8000-{index:012d}"
+
+
+def _default_entry(index: int) -> dict:
+    return {"index": index}
+
+
+class SimulatedBackend:
+    name = "simulated"
+
+    def __init__(self, count: int | None = None, path: str | None = None):
+        self.count = count
+        self.path = path
+
+    @classmethod
+    def from_setting(cls, value: str) -> "SimulatedBackend":
+        if value.strip().isdigit():
+            return cls(count=int(value))
+        return cls(path=value)
+
+    def _entries(self) -> list[dict]:
+        if self.path is None:
+            return [_default_entry(i) for i in range(self.count or 0)]
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                data = json.load(f)
+            entries = data["gpus"]
+            if not isinstance(entries, list):
+                raise TypeError("'gpus' must be a list")
+            return entries
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise BackendError(f"simulation file {self.path}: {exc}") from exc
+
+    def inventory(self) -> list[Gpu]:
+        gpus = []
+        for e in self._entries():
+            try:
+                index = int(e["index"])
+                gpus.append(
+                    Gpu(
+                        index=index,
+                        uuid=str(e.get("uuid") or simulated_uuid(index)),
+                        name=str(e.get("name", "Simulated GPU")),
+                        memory_bytes=int(e.get("memory_total_mib", DEFAULT_MEMORY_MIB)) * MIB,
+                        pci_bus_id=str(e.get("pci_bus_id") or f"00000000:{index + 1:02x}:00.0"),
+                    )
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                raise BackendError(f"simulation entry {e!r}: {exc}") from exc
+        return gpus
+
+    def processes(self) -> dict[str, list[GpuProcess]]:
+        found = {}
+        for e, gpu in zip(self._entries(), self.inventory()):
+            found[gpu.uuid] = [
+                GpuProcess(int(p["pid"]), int(p.get("used_memory_mib", 0)) * MIB)
+                for p in e.get("processes", [])
+            ]
+        return found

@@ -1,0 +1,1 @@
+"""The D-Bus adapter (dbus-fast): identity, error mapping, one module per interface."""

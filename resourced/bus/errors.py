@@ -1,0 +1,43 @@
+"""The one seam where daemon exceptions become D-Bus error replies."""
+
+import functools
+import inspect
+import logging
+
+from dbus_fast import DBusError
+
+from ..errors import Internal, ResourcedError
+
+log = logging.getLogger("resourced")
+
+
+def _translate(exc: Exception) -> DBusError:
+    if isinstance(exc, DBusError):
+        return exc
+    if isinstance(exc, ResourcedError):
+        return DBusError(exc.bus_name(), exc.message)
+    log.error("internal error", exc_info=exc)
+    return DBusError(Internal.bus_name(), "internal error; see the daemon's log")
+
+
+def bus_errors(fn):
+    """Wrap a bus method so every exception leaves as a named D-Bus error, never a traceback."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def wrapper(*args):
+            try:
+                return await fn(*args)
+            except Exception as exc:  # noqa: BLE001 - this is the translation seam
+                raise _translate(exc) from exc
+
+    else:
+
+        @functools.wraps(fn)
+        def wrapper(*args):
+            try:
+                return fn(*args)
+            except Exception as exc:  # noqa: BLE001 - this is the translation seam
+                raise _translate(exc) from exc
+
+    return wrapper

@@ -1,0 +1,236 @@
+"""``org.resourced.Manager`` at /org/resourced: lookups, listings, claims, signals.
+
+Handlers decide nothing: who is calling, decode, call the engine, encode the reply.
+The engine's events come back through ``_publish``, the one place that exports and
+unexports claim objects and emits signals and PropertiesChanged, once per change.
+"""
+
+import json
+
+from dbus_fast import PropertyAccess, Variant
+from dbus_fast.service import dbus_method, dbus_property, dbus_signal
+
+from .. import __version__
+from ..core.claims import Claim as ClaimRecord
+from ..core.inventory import pci_order
+from ..core.ledger import ClaimGranted, ClaimReleased, Event, OwnerDied
+from ..engine import Engine
+from ..errors import InvalidRequest
+from .caller import Credentials
+from .claim import ClaimInterface
+from .errors import bus_errors
+from .gpu import GpuInterface
+from .interface import Interface
+from .names import MANAGER_IFACE, MANAGER_PATH, RELEASE_FORCE, claim_path, gpu_path
+from .options import parse_options
+
+R = PropertyAccess.READ
+
+CLAIM_OPTIONS = {"Mode": "s", "OwnerPID": "u", "Label": "s", "TaskName": "s"}
+RELEASE_FLAGS = RELEASE_FORCE
+FEATURES = ["claims", "dev-claims"]
+
+
+class ManagerInterface(Interface):
+    CONST_PROPERTIES = frozenset({"Version", "Mode", "Backend", "BackendNote", "Features", "NGPUs"})
+
+    def __init__(self, bus, engine: Engine, mode: str):
+        super().__init__(MANAGER_IFACE)
+        self.bus = bus
+        self.engine = engine
+        self.mode = mode
+        self.credentials = Credentials(bus)
+        self._gpus: dict[str, GpuInterface] = {}
+        self._claims: dict[str, ClaimInterface] = {}
+        self._pci_index: dict[str, int] = {}
+
+    def export(self) -> None:
+        """Export the manager and one object per GPU; follow the engine from now on."""
+        self.bus.export(MANAGER_PATH, self)
+        gpus = list(self.engine.ledger.gpus.values())
+        self._pci_index = pci_order(gpus)
+        for gpu in gpus:
+            iface = GpuInterface(gpu, self.engine)
+            self._gpus[gpu.uuid] = iface
+            self.bus.export(gpu_path(gpu.index), iface)
+        for claim in self.engine.ledger.claims.values():
+            self._export_claim(claim)
+        self.engine.subscribe(self._publish)
+
+    # -- methods -----------------------------------------------------------------------
+    @dbus_method()
+    @bus_errors
+    async def Claim(self, gpus: "u", options: "a{sv}") -> "soa{sv}":
+        opts = parse_options(options, CLAIM_OPTIONS)
+        caller = await self.credentials.caller()
+        claim = await self.engine.claim(
+            caller,
+            gpus,
+            mode=opts.get("Mode", "run"),
+            owner_pid=opts.get("OwnerPID"),
+            label=opts.get("Label", ""),
+            task_name=opts.get("TaskName", ""),
+        )
+        return [claim.id, claim_path(claim.id), self._grant(claim)]
+
+    @dbus_method()
+    @bus_errors
+    async def Release(self, claim_id: "s", flags: "t"):
+        await self.release(claim_id, flags)
+
+    @dbus_method()
+    @bus_errors
+    def GetClaim(self, claim_id: "s") -> "o":
+        return claim_path(self.engine.ledger.get(claim_id).id)
+
+    @dbus_method()
+    @bus_errors
+    def ListGPUs(self) -> "a(ussso)":
+        return [
+            [g.index, g.uuid, g.name, self.engine.gpu_state(g), gpu_path(g.index)]
+            for g in self.engine.ledger.gpus.values()
+        ]
+
+    @dbus_method()
+    @bus_errors
+    def ListClaims(self) -> "a(sssuubo)":
+        return [
+            [c.id, c.mode, c.user, c.uid, c.owner.pid, c.owner_alive, claim_path(c.id)]
+            for c in self.engine.ledger.claims.values()
+        ]
+
+    @dbus_method()
+    @bus_errors
+    def Describe(self) -> "s":
+        return json.dumps(self.describe())
+
+    # -- signals -----------------------------------------------------------------------
+    @dbus_signal()
+    def ClaimNew(self, claim_id: str, path: str) -> "so":
+        return [claim_id, path]
+
+    @dbus_signal()
+    def ClaimRemoved(self, claim_id: str, path: str, reason: str) -> "sos":
+        return [claim_id, path, reason]
+
+    # -- properties --------------------------------------------------------------------
+    @dbus_property(access=R)
+    def Version(self) -> "s":
+        return __version__
+
+    @dbus_property(access=R)
+    def Mode(self) -> "s":
+        return self.mode
+
+    @dbus_property(access=R)
+    def Backend(self) -> "s":
+        return self.engine.backend.name
+
+    @dbus_property(access=R)
+    def BackendNote(self) -> "s":
+        return self.engine.backend_note
+
+    @dbus_property(access=R)
+    def Features(self) -> "as":
+        return FEATURES
+
+    @dbus_property(access=R)
+    def NGPUs(self) -> "u":
+        return len(self.engine.ledger.gpus)
+
+    @dbus_property(access=R)
+    def FreeGPUs(self) -> "u":
+        return self.engine.free_count()
+
+    @dbus_property(access=R)
+    def NClaims(self) -> "u":
+        return len(self.engine.ledger.claims)
+
+    # -- shared by the Manager and Claim objects ---------------------------------------
+    async def release(self, claim_id: str, flags: int) -> None:
+        if flags & ~RELEASE_FLAGS:
+            raise InvalidRequest(f"unknown release flags {flags & ~RELEASE_FLAGS:#x}")
+        caller = await self.credentials.caller()
+        self.engine.release(caller, claim_id)
+
+    def describe(self) -> dict:
+        """Everything ``gpuctl status --json`` shows, as plain data."""
+        ledger = self.engine.ledger
+        return {
+            "version": __version__,
+            "mode": self.mode,
+            "backend": self.engine.backend.name,
+            "backend_note": self.engine.backend_note,
+            "free": self.engine.free_count(),
+            "gpus": [
+                {
+                    "index": g.index,
+                    "alias": g.label,
+                    "uuid": g.uuid,
+                    "name": g.name,
+                    "memory_bytes": g.memory_bytes,
+                    "pci_bus_id": g.pci_bus_id,
+                    "state": self.engine.gpu_state(g),
+                    "claim": holder.id if (holder := ledger.holder(g.uuid)) else "",
+                }
+                for g in ledger.gpus.values()
+            ],
+            "claims": [self._claim_record(c) for c in ledger.claims.values()],
+        }
+
+    # -- internals ---------------------------------------------------------------------
+    def _claim_record(self, c: ClaimRecord) -> dict:
+        gpus = self.engine.ledger.gpus
+        return {
+            "id": c.id,
+            "mode": c.mode,
+            "user": c.user,
+            "uid": c.uid,
+            "owner_pid": c.owner.pid,
+            "owner_alive": c.owner_alive,
+            "label": c.label,
+            "task_name": c.task_name,
+            "created_usec": c.created_usec,
+            "gpus": [gpus[u].label for u in c.gpus],
+            "gpu_uuids": list(c.gpus),
+            "gpu_indices": [gpus[u].index for u in c.gpus],
+            "pci_indices": [self._pci_index[u] for u in c.gpus],
+        }
+
+    def _grant(self, claim: ClaimRecord) -> dict:
+        gpus = self.engine.ledger.gpus
+        return {
+            "Mode": Variant("s", claim.mode),
+            "GPUUUIDs": Variant("as", list(claim.gpus)),
+            "GPUIndices": Variant("au", [gpus[u].index for u in claim.gpus]),
+            "PCIIndices": Variant("au", [self._pci_index[u] for u in claim.gpus]),
+        }
+
+    def _export_claim(self, claim: ClaimRecord) -> None:
+        iface = ClaimInterface(claim, self)
+        self._claims[claim.id] = iface
+        self.bus.export(claim_path(claim.id), iface)
+
+    def _publish(self, events: list[Event]) -> None:
+        touched_gpus: set[str] = set()
+        for event in events:
+            claim = event.claim
+            if isinstance(event, ClaimGranted):
+                self._export_claim(claim)
+                self.ClaimNew(claim.id, claim_path(claim.id))
+                touched_gpus.update(claim.gpus)
+            elif isinstance(event, ClaimReleased):
+                iface = self._claims.pop(claim.id, None)
+                if iface is not None:
+                    self.bus.unexport(claim_path(claim.id), iface)
+                self.ClaimRemoved(claim.id, claim_path(claim.id), event.reason)
+                touched_gpus.update(claim.gpus)
+            elif isinstance(event, OwnerDied):
+                self._claims[claim.id].emit_properties_changed({"OwnerAlive": False})
+        for uuid in touched_gpus:
+            gpu = self._gpus[uuid]
+            gpu.emit_properties_changed({"State": gpu.State, "ClaimID": gpu.ClaimID})
+        if touched_gpus:
+            self.emit_properties_changed(
+                {"FreeGPUs": self.engine.free_count(), "NClaims": len(self.engine.ledger.claims)}
+            )

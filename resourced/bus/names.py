@@ -1,0 +1,18 @@
+"""Bus names, object paths and interface names: the fixed contract with clients."""
+
+BUS_NAME = "org.resourced"
+MANAGER_PATH = "/org/resourced"
+MANAGER_IFACE = "org.resourced.Manager"
+GPU_IFACE = "org.resourced.GPU"
+CLAIM_IFACE = "org.resourced.Claim"
+
+RELEASE_FORCE = 1 << 0
+"""Release flag: skip the in-use check."""
+
+
+def gpu_path(index: int) -> str:
+    return f"{MANAGER_PATH}/gpu/{index}"
+
+
+def claim_path(claim_id: str) -> str:
+    return f"{MANAGER_PATH}/claim/{claim_id}"

@@ -1,0 +1,83 @@
+"""gpuctl: the command line for resourced.
+
+Subcommands load lazily (``--help`` and ``--version`` import no bus library), and every
+failure leaves through ``main``: ``gpuctl: <one line>`` on stderr and a documented exit code.
+"""
+
+import importlib
+import sys
+
+import click
+
+from .. import __version__
+from ._errors import EXIT_USAGE, GpuctlError, exit_code_for
+
+COMMANDS = {
+    "run": ("claims", "run", "Run a command on free GPUs (or on a claim), then release them."),
+    "claim": ("claims", "claim", "Claim GPUs for development; prints the reference."),
+    "release": ("claims", "release", "Release a claim."),
+    "env": ("claims", "env", "Print shell export lines for a claim."),
+    "status": ("status", "status", "Show each GPU and who holds it."),
+    "free": ("status", "free", "Print how many GPUs are free."),
+    "demo": ("demo", "demo", "Show resourced at work on simulated GPUs (a private bus)."),
+}
+
+
+class LazyGroup(click.Group):
+    """Imports a subcommand's module only when that subcommand runs."""
+
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        module, attr, _ = COMMANDS[name]
+        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+
+    def format_commands(self, ctx, formatter):
+        """List the commands from the table, so ``gpuctl --help`` imports none of them."""
+        rows = [(name, help_text) for name, (_, _, help_text) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpuctl")
+def cli():
+    """Share the GPUs of one machine: claim, run, release, and see who holds what.
+
+    Exit codes: 0 ok, 1 other error, 2 bad usage, 3 not enough GPUs, 4 GPUs busy with
+    unknown processes, 5 daemon unreachable, 6 unknown or stale allocation, 7 not yours,
+    8 access denied. `gpuctl run` returns the command's own code (128+n for signal n).
+
+    Example: gpuctl run --gpus 1 -- python train.py
+    """
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        rv = cli.main(args=argv, prog_name="gpuctl", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.Abort:
+        click.echo("gpuctl: aborted", err=True)
+        return 1
+    except click.UsageError as exc:
+        hint = f" (see: {exc.ctx.command_path} --help)" if exc.ctx else ""
+        click.echo(f"gpuctl: {exc.format_message()}{hint}", err=True)
+        return EXIT_USAGE
+    except GpuctlError as exc:
+        click.echo(f"gpuctl: {exc}", err=True)
+        return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - resourced errors and the unexpected alike
+        code = exit_code_for(exc)
+        if code is None:
+            raise
+        click.echo(f"gpuctl: {exc}", err=True)
+        return code
+    return rv if isinstance(rv, int) else 0
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""gpuctl's exit codes, and the one table that maps resourced errors to them."""
+
+from ..errors import (
+    AccessDenied, DaemonUnreachable, GPUsBusy, Internal, InvalidRequest, NoSuchClaim,
+    NotClaimOwner, NotEnoughGPUs, NotProcessOwner, ResourcedError,
+)
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_NOT_ENOUGH_GPUS = 3
+EXIT_GPUS_BUSY = 4
+EXIT_UNREACHABLE = 5
+EXIT_NO_SUCH_CLAIM = 6
+EXIT_NOT_YOURS = 7
+EXIT_ACCESS_DENIED = 8
+
+EXIT_CODES: dict[type[ResourcedError], int] = {
+    InvalidRequest: EXIT_USAGE,
+    NotEnoughGPUs: EXIT_NOT_ENOUGH_GPUS,
+    GPUsBusy: EXIT_GPUS_BUSY,
+    DaemonUnreachable: EXIT_UNREACHABLE,
+    NoSuchClaim: EXIT_NO_SUCH_CLAIM,
+    NotProcessOwner: EXIT_NOT_YOURS,
+    NotClaimOwner: EXIT_NOT_YOURS,
+    AccessDenied: EXIT_ACCESS_DENIED,
+    Internal: EXIT_FAILURE,
+}
+
+
+class GpuctlError(Exception):
+    """An error of gpuctl itself (not the daemon's), with its exit code."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILURE):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def exit_code_for(exc: Exception) -> int | None:
+    """The exit code for a resourced error, or None for anything else."""
+    if isinstance(exc, ResourcedError):
+        return EXIT_CODES.get(type(exc), EXIT_FAILURE)
+    return None

@@ -1,0 +1,268 @@
+"""The Python client: ``Client`` (blocking) and ``AsyncClient`` (asyncio).
+
+Both speak to the daemon through jeepney, a small pure-Python D-Bus library that does not
+import asyncio for blocking use, so scripts and ``gpuctl`` start fast.  ``_Base`` holds
+the pure half (building messages, decoding replies, translating errors); the two classes
+differ only in how a message travels.
+
+Which bus: ``bus="session"`` or ``"system"``, else ``$RESOURCED_BUS``, else the session
+bus when ``org.resourced`` is owned there, else the system bus.
+
+    >>> from resourced import Client
+    >>> with Client() as client:
+    ...     claim = client.claim(mode="dev", gpus=1, task_name="tuning", owner_pid=os.getpid())
+    ...     client.release(claim["allocation"]["ref"])
+
+Errors raise ``resourced.ResourcedError`` subclasses with ``.code`` and ``.message``.
+"""
+
+import json
+import os
+
+from jeepney import DBusAddress, MessageFlag, MessageType, new_method_call
+from jeepney.low_level import HeaderFields
+
+from .bus.names import BUS_NAME, MANAGER_IFACE, MANAGER_PATH, RELEASE_FORCE
+from .environment import claim_env
+from .errors import DaemonUnreachable, InvalidRequest, NoSuchClaim, error_from_bus
+
+__all__ = ["AsyncClient", "Client"]
+
+BUSES = ("session", "system")
+DEFAULT_TIMEOUT = 25.0
+
+_MANAGER = DBusAddress(MANAGER_PATH, bus_name=BUS_NAME, interface=MANAGER_IFACE)
+_DBUS = DBusAddress("/org/freedesktop/DBus", bus_name="org.freedesktop.DBus",
+                    interface="org.freedesktop.DBus")
+_PROPS = DBusAddress(MANAGER_PATH, bus_name=BUS_NAME, interface="org.freedesktop.DBus.Properties")
+_ALLOCATION_KEYS = ("mode", "gpu_uuids", "gpu_indices", "pci_indices")
+_PEER = DBusAddress(MANAGER_PATH, bus_name=BUS_NAME, interface="org.freedesktop.DBus.Peer")
+
+
+def requested_bus(bus: str | None) -> str | None:
+    """The bus named by the caller or $RESOURCED_BUS; None means: find it."""
+    bus = bus or os.environ.get("RESOURCED_BUS") or None
+    if bus is not None and bus not in BUSES:
+        raise InvalidRequest(f"bus must be 'session' or 'system', not {bus!r}")
+    return bus
+
+
+class _Base:
+    """Everything that does not depend on how messages travel."""
+
+    def __init__(self, bus: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+                 interactive: bool = False):
+        self._requested_bus = requested_bus(bus)
+        self.timeout = timeout
+        self.interactive = interactive
+        self.bus: str | None = None  # the bus in use, once connected
+
+    # -- messages ----------------------------------------------------------------------
+    def _call(self, method: str, signature: str | None = None, body: tuple = ()):
+        msg = new_method_call(_MANAGER, method, signature, body)
+        if self.interactive:
+            msg.header.flags |= MessageFlag.allow_interactive_authorization
+        return msg
+
+    def _claim_message(self, mode, gpus, owner_pid, label, task_name):
+        options = {"Mode": ("s", mode)}
+        if owner_pid is not None:
+            options["OwnerPID"] = ("u", owner_pid)
+        if label:
+            options["Label"] = ("s", label)
+        if task_name:
+            options["TaskName"] = ("s", task_name)
+        return self._call("Claim", "ua{sv}", (gpus, options))
+
+    def _release_message(self, ref: str, force: bool):
+        return self._call("Release", "st", (ref, RELEASE_FORCE if force else 0))
+
+    @staticmethod
+    def _get_property(name: str):
+        return new_method_call(_PROPS, "Get", "ss", (MANAGER_IFACE, name))
+
+    @staticmethod
+    def _name_has_owner():
+        return new_method_call(_DBUS, "NameHasOwner", "s", (BUS_NAME,))
+
+    # -- replies -----------------------------------------------------------------------
+    @staticmethod
+    def _body(reply) -> tuple:
+        if reply.header.message_type is MessageType.error:
+            name = reply.header.fields.get(HeaderFields.error_name, "")
+            text = reply.body[0] if reply.body and isinstance(reply.body[0], str) else ""
+            raise error_from_bus(name, text)
+        return reply.body
+
+    @staticmethod
+    def _decode_claim(body: tuple, use_index: bool = False) -> dict:
+        ref, _path, grant = body
+        allocation = {
+            "ref": ref,
+            "mode": grant["Mode"][1],
+            "gpu_uuids": list(grant["GPUUUIDs"][1]),
+            "gpu_indices": list(grant["GPUIndices"][1]),
+            "pci_indices": list(grant["PCIIndices"][1]),
+        }
+        return {"allocation": allocation, "env": claim_env(allocation, use_index)}
+
+    @staticmethod
+    def _find_allocation(status: dict, ref: str, use_index: bool) -> dict:
+        for c in status["claims"]:
+            if c["id"] == ref:
+                allocation = {"ref": ref, **{k: c[k] for k in _ALLOCATION_KEYS}}
+                return {"allocation": allocation, "env": claim_env(allocation, use_index)}
+        raise NoSuchClaim(f"no claim {ref!r} (unknown or already released)")
+
+    @staticmethod
+    def _unreachable(bus: str, exc: Exception) -> DaemonUnreachable:
+        return DaemonUnreachable(f"cannot reach the {bus} bus: {exc}")
+
+
+class Client(_Base):
+    """A blocking client. Use as a context manager, or call ``close()``."""
+
+    _conn = None
+
+    def _connection(self):
+        if self._conn is None:
+            self._conn, self.bus = self._open()
+        return self._conn
+
+    def _open(self):
+        from jeepney.io.blocking import open_dbus_connection
+
+        if self._requested_bus:
+            return self._connect(open_dbus_connection, self._requested_bus), self._requested_bus
+        try:
+            conn = open_dbus_connection("SESSION")
+        except (OSError, KeyError, ValueError):
+            conn = None
+        if conn is not None:
+            if self._body(conn.send_and_get_reply(self._name_has_owner(), timeout=self.timeout))[0]:
+                return conn, "session"
+            conn.close()
+        return self._connect(open_dbus_connection, "system"), "system"
+
+    def _connect(self, opener, bus: str):
+        try:
+            return opener(bus.upper())
+        except (OSError, KeyError, ValueError) as exc:
+            raise self._unreachable(bus, exc) from exc
+
+    def _send(self, msg) -> tuple:
+        conn = self._connection()
+        try:
+            reply = conn.send_and_get_reply(msg, timeout=self.timeout)
+        except (OSError, TimeoutError) as exc:
+            raise self._unreachable(self.bus, exc) from exc
+        return self._body(reply)
+
+    def claim(self, mode: str = "dev", gpus: int = 1, task_name: str = "",
+              owner_pid: int | None = None, label: str = "", use_index: bool = False) -> dict:
+        """Claim GPUs; returns ``{"allocation": {"ref": ...}, "env": {...}}``."""
+        msg = self._claim_message(mode, gpus, owner_pid, label, task_name)
+        return self._decode_claim(self._send(msg), use_index)
+
+    def release(self, ref: str, force: bool = False) -> None:
+        self._send(self._release_message(ref, force))
+
+    def status(self) -> dict:
+        """The daemon's whole view: GPUs, claims, backend."""
+        return json.loads(self._send(self._call("Describe"))[0])
+
+    def allocation(self, ref: str, use_index: bool = False) -> dict:
+        """A live claim by reference, in the same shape ``claim`` returns."""
+        return self._find_allocation(self.status(), ref, use_index)
+
+    def free(self) -> int:
+        """How many GPUs are free now."""
+        return self._send(self._get_property("FreeGPUs"))[0][1]
+
+    def ping(self) -> None:
+        """A bare round trip to the daemon (org.freedesktop.DBus.Peer.Ping)."""
+        self._send(new_method_call(_PEER, "Ping"))
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class AsyncClient(_Base):
+    """The asyncio client. Use as ``async with AsyncClient() as client:``."""
+
+    _router = None
+    _router_cm = None
+
+    async def _connection(self):
+        if self._router is None:
+            await self._open()
+        return self._router
+
+    async def _open(self):
+        from jeepney.io.asyncio import open_dbus_router
+
+        for bus in [self._requested_bus] if self._requested_bus else BUSES:
+            cm = open_dbus_router(bus.upper())
+            try:
+                router = await cm.__aenter__()
+            except (OSError, KeyError, ValueError) as exc:
+                if self._requested_bus or bus == "system":
+                    raise self._unreachable(bus, exc) from exc
+                continue
+            if bus == "session" and not self._requested_bus:
+                reply = await router.send_and_get_reply(self._name_has_owner())
+                if not self._body(reply)[0]:
+                    await cm.__aexit__(None, None, None)
+                    continue
+            self._router, self._router_cm, self.bus = router, cm, bus
+            return
+
+    async def _send(self, msg) -> tuple:
+        import asyncio
+
+        router = await self._connection()
+        try:
+            reply = await asyncio.wait_for(router.send_and_get_reply(msg), self.timeout)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise self._unreachable(self.bus, exc) from exc
+        return self._body(reply)
+
+    async def claim(self, mode: str = "dev", gpus: int = 1, task_name: str = "",
+                    owner_pid: int | None = None, label: str = "",
+                    use_index: bool = False) -> dict:
+        msg = self._claim_message(mode, gpus, owner_pid, label, task_name)
+        return self._decode_claim(await self._send(msg), use_index)
+
+    async def release(self, ref: str, force: bool = False) -> None:
+        await self._send(self._release_message(ref, force))
+
+    async def status(self) -> dict:
+        return json.loads((await self._send(self._call("Describe")))[0])
+
+    async def allocation(self, ref: str, use_index: bool = False) -> dict:
+        return self._find_allocation(await self.status(), ref, use_index)
+
+    async def free(self) -> int:
+        return (await self._send(self._get_property("FreeGPUs")))[0][1]
+
+    async def ping(self) -> None:
+        await self._send(new_method_call(_PEER, "Ping"))
+
+    async def close(self) -> None:
+        if self._router_cm is not None:
+            await self._router_cm.__aexit__(None, None, None)
+            self._router = self._router_cm = None
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()

@@ -1,0 +1,128 @@
+"""The one error vocabulary shared by the core, the bus, the client and gpuctl.
+
+    ResourcedError                  never raised itself; .code is stable
+    ├── InvalidRequest              bad arguments (org.freedesktop.DBus.Error.InvalidArgs)
+    ├── NotEnoughGPUs               all-or-nothing refusal
+    ├── GPUsBusy                    the free GPUs run processes nobody claimed
+    ├── NoSuchClaim                 unknown or stale claim reference
+    ├── NotProcessOwner             an owner pid of another user
+    ├── NotClaimOwner               touching another user's claim
+    ├── AccessDenied                the bus or polkit said no
+    ├── DaemonUnreachable           nobody owns org.resourced (client side only)
+    └── Internal                    anything unexpected; details are in the daemon's log
+
+The core raises these; the bus adapter turns ``code`` into a D-Bus error name
+(``org.resourced.Error.<code>`` or a standard name), the client turns the name back into
+the same class, and gpuctl maps the class to an exit code.  Append only: codes are API.
+"""
+
+ERROR_PREFIX = "org.resourced.Error."
+
+
+class ResourcedError(Exception):
+    """Base of every error resourced reports; carries a stable ``code`` and a message."""
+
+    code = "Failed"
+    dbus_name: str | None = None  # set where a standard D-Bus name fits better than ours
+
+    def __init__(self, message: str):
+        if type(self) is ResourcedError:
+            raise TypeError("raise a specific ResourcedError subclass")
+        super().__init__(message)
+        self.message = message
+
+    @classmethod
+    def bus_name(cls) -> str:
+        return cls.dbus_name or ERROR_PREFIX + cls.code
+
+
+class InvalidRequest(ResourcedError):
+    """The arguments make no sense (zero GPUs, unknown option, a pid that does not exist)."""
+
+    code = "InvalidArgs"
+    dbus_name = "org.freedesktop.DBus.Error.InvalidArgs"
+
+
+class NotEnoughGPUs(ResourcedError):
+    """Fewer GPUs are free than requested; nothing was granted."""
+
+    code = "NotEnoughGPUs"
+
+
+class GPUsBusy(ResourcedError):
+    """Enough GPUs are unclaimed, but processes nobody claimed run on some of them."""
+
+    code = "GPUsBusy"
+
+
+class NoSuchClaim(ResourcedError):
+    """No live claim has this reference (never existed, or already released)."""
+
+    code = "NoSuchClaim"
+
+
+class NotProcessOwner(ResourcedError):
+    """The owner pid given belongs to another user."""
+
+    code = "NotProcessOwner"
+
+
+class NotClaimOwner(ResourcedError):
+    """The claim belongs to another user."""
+
+    code = "NotClaimOwner"
+
+
+class AccessDenied(ResourcedError):
+    """The bus policy or polkit refused the call."""
+
+    code = "AccessDenied"
+    dbus_name = "org.freedesktop.DBus.Error.AccessDenied"
+
+
+class DaemonUnreachable(ResourcedError):
+    """No daemon owns org.resourced on the bus that was tried."""
+
+    code = "DaemonUnreachable"
+
+
+class Internal(ResourcedError):
+    """An unexpected failure inside the daemon."""
+
+    code = "Internal"
+
+
+ALL_ERRORS: tuple[type[ResourcedError], ...] = (
+    InvalidRequest,
+    NotEnoughGPUs,
+    GPUsBusy,
+    NoSuchClaim,
+    NotProcessOwner,
+    NotClaimOwner,
+    AccessDenied,
+    DaemonUnreachable,
+    Internal,
+)
+
+# D-Bus names that mean "nobody is there to answer".
+UNREACHABLE_NAMES = frozenset(
+    {
+        "org.freedesktop.DBus.Error.ServiceUnknown",
+        "org.freedesktop.DBus.Error.NameHasNoOwner",
+        "org.freedesktop.DBus.Error.NoServer",
+        "org.freedesktop.DBus.Error.NoReply",
+        "org.freedesktop.DBus.Error.Disconnected",
+    }
+)
+
+
+def error_from_bus(name: str, message: str) -> ResourcedError:
+    """The exception a client raises for a D-Bus error reply."""
+    for cls in ALL_ERRORS:
+        if cls.bus_name() == name:
+            return cls(message)
+    if name in UNREACHABLE_NAMES:
+        return DaemonUnreachable(message or "the resourced daemon is not running")
+    if name == "org.freedesktop.DBus.Error.UnknownMethod":
+        return InvalidRequest(message)
+    return Internal(f"{name}: {message}" if message else name)
