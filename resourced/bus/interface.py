@@ -9,8 +9,16 @@ class Interface(ServiceInterface):
     CONST_PROPERTIES: frozenset[str] = frozenset()
     """Properties that never change while the object exists (annotated ``const``)."""
 
+    OUT_NAMES: dict[str, tuple[str, ...]] = {}
+    """Names for the out arguments of methods and the arguments of signals, by member."""
+
     def introspect(self):
         intro = super().introspect()
+        for member in (*intro.methods, *intro.signals):
+            names = self.OUT_NAMES.get(member.name, ())
+            outs = member.out_args if hasattr(member, "out_args") else member.args
+            for arg, name in zip(outs, names):
+                arg.name = name
         for prop in intro.properties:
             if prop.name in self.CONST_PROPERTIES:
                 prop.annotations[EMITS_CHANGED] = "const"

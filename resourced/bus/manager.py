@@ -33,6 +33,15 @@ FEATURES = ["claims", "dev-claims"]
 
 class ManagerInterface(Interface):
     CONST_PROPERTIES = frozenset({"Version", "Mode", "Backend", "BackendNote", "Features", "NGPUs"})
+    OUT_NAMES = {
+        "Claim": ("claim_id", "claim", "grant"),
+        "GetClaim": ("claim",),
+        "ListGPUs": ("gpus",),
+        "ListClaims": ("claims",),
+        "Describe": ("json",),
+        "ClaimNew": ("claim_id", "claim"),
+        "ClaimRemoved": ("claim_id", "claim", "reason"),
+    }
 
     def __init__(self, bus, engine: Engine, mode: str):
         super().__init__(MANAGER_IFACE)

@@ -1,0 +1,144 @@
+"""Shared test fixtures: a private session bus per test session, and daemons on it."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from resourced.privatebus import PrivateBus
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch):
+    """No test sees the developer's real buses or resourced settings."""
+    for name in list(os.environ):
+        if name.startswith("RESOURCED_") or name.startswith("DBUS_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(scope="session")
+def private_bus():
+    with PrivateBus() as bus:
+        yield bus
+
+
+def eventually(predicate, timeout: float = 5.0, interval: float = 0.02):
+    """Wait until ``predicate()`` is truthy; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {predicate}")
+        time.sleep(interval)
+
+
+class Daemon:
+    """A resourced daemon as a real subprocess on the private bus."""
+
+    def __init__(self, bus: PrivateBus, tmp_path: Path, gpus="4", args=(), env=None):
+        self.bus = bus
+        self.log_path = tmp_path / f"daemon-{time.monotonic_ns()}.log"
+        self.env = {**os.environ, **bus.env(), "RESOURCED_SIMULATED_GPUS": str(gpus),
+                    "PYTHONUNBUFFERED": "1", **(env or {})}
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "resourced.daemon", "--session", *args],
+            env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+    def wait_ready(self, timeout: float = 10.0) -> "Daemon":
+        from resourced.client import Client
+
+        def owned():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with Client(bus="session") as c:
+                    c.ping()
+                return True
+            except Exception:  # noqa: BLE001 - not up yet
+                return False
+
+        with _bus_env(self.bus):
+            eventually(owned, timeout)
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+        return self.proc.returncode
+
+
+class _bus_env:
+    """Point this process's clients at the private bus for a block."""
+
+    def __init__(self, bus: PrivateBus):
+        self.bus = bus
+
+    def __enter__(self):
+        self.saved = {k: os.environ.get(k) for k in self.bus.env()}
+        os.environ.update(self.bus.env())
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture
+def start_daemon(private_bus, tmp_path, monkeypatch, request):
+    """Start daemons on the private bus; each is stopped (and its log shown on failure)."""
+    started: list[Daemon] = []
+    for k, v in private_bus.env().items():
+        monkeypatch.setenv(k, v)
+
+    def start(gpus="4", args=(), env=None, wait=True) -> Daemon:
+        d = Daemon(private_bus, tmp_path, gpus, args, env)
+        started.append(d)
+        return d.wait_ready() if wait else d
+
+    yield start
+    for d in started:
+        d.stop()
+        if getattr(request.node, "rep_call", None) and request.node.rep_call.failed:
+            print(f"--- daemon log ({d.log_path}) ---\n{d.log()}")
+
+
+@pytest.fixture
+def daemon(start_daemon):
+    """One daemon on 4 idle simulated GPUs."""
+    return start_daemon()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)
+
+
+def gpuctl(*args, env=None, timeout=30, input=None):
+    """Run gpuctl as a real process; returns the CompletedProcess."""
+    return subprocess.run(
+        [sys.executable, "-m", "resourced.cli", *args],
+        env={**os.environ, **(env or {})}, capture_output=True, text=True,
+        timeout=timeout, input=input,
+    )
