@@ -1,5 +1,6 @@
 """gpuctl run, claim, release, env: taking and giving back GPUs."""
 
+import contextlib
 import os
 import shlex
 
@@ -41,6 +42,7 @@ def run(gpus, allocation, use_index, label, task_name, bus, command):
 
     Example: gpuctl run --gpus 2 -- python train.py
     """
+    from ..errors import NoSuchClaim
     from .launch import PendingChild
 
     if allocation and gpus is not None:
@@ -49,14 +51,20 @@ def run(gpus, allocation, use_index, label, task_name, bus, command):
         child = PendingChild(list(command))
         try:
             if allocation:
-                env = c.allocation(allocation, use_index)["env"]
+                granted = c.allocation(allocation, use_index)
             else:
-                env = c.claim(mode="run", gpus=gpus or 1, owner_pid=child.pid, label=label,
-                              task_name=task_name, use_index=use_index)["env"]
+                granted = c.claim(mode="run", gpus=gpus or 1, owner_pid=child.pid, label=label,
+                                  task_name=task_name, use_index=use_index)
         except BaseException:
             child.cancel()
             raise
-    return child.start({**os.environ, **env})
+        code = child.start({**os.environ, **granted["env"]})
+        if not allocation:
+            # The daemon also releases when it sees the command exit; releasing here too
+            # means the GPUs are free the moment gpuctl returns, so a next run finds them.
+            with contextlib.suppress(NoSuchClaim):
+                c.release(granted["allocation"]["ref"])
+    return code
 
 
 @click.command()

@@ -1,0 +1,114 @@
+"""What the benchmark scripts share: a daemon on a private bus, and percentiles.
+
+Not a benchmark itself.  The scripts import it as ``_harness`` (``python benchmarks/X.py``
+puts this folder first on ``sys.path``).
+"""
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from resourced.privatebus import PrivateBus
+
+READY_TIMEOUT = 15.0
+
+
+def clean_env(bus_address: str) -> dict[str, str]:
+    """Our environment pointed at the private bus, with no resourced or D-Bus leftovers.
+
+    ``RESOURCED_BUS`` is left unset on purpose: clients find the daemon the way a user's
+    would, by asking the session bus whether ``org.resourced`` is owned there.
+    """
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RESOURCED_", "DBUS_"))}
+    env["DBUS_SESSION_BUS_ADDRESS"] = bus_address
+    return env
+
+
+@contextlib.contextmanager
+def daemon_on_private_bus(gpus: int = 8):
+    """Yield the private bus with a ready daemon on it; stop both however the block ends.
+
+    This process's own environment points at the private bus for the duration, so that
+    ``resourced.Client(bus="session")`` here finds it.  The daemon's log goes to a
+    temporary file, printed only if the daemon fails to come up.
+    """
+    bus = PrivateBus().start()
+    saved = {k: os.environ.get(k) for k in ("DBUS_SESSION_BUS_ADDRESS", "RESOURCED_BUS")}
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = None
+    try:
+        env = clean_env(bus.address)
+        os.environ["DBUS_SESSION_BUS_ADDRESS"] = bus.address
+        os.environ.pop("RESOURCED_BUS", None)
+        env["RESOURCED_SIMULATED_GPUS"] = str(gpus)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "resourced.daemon", "--session"],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        _wait_ready(proc, log)
+        yield bus
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        bus.stop()
+        log.close()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _wait_ready(proc: subprocess.Popen, log) -> None:
+    """Poll with a ping until the daemon answers; give up after READY_TIMEOUT seconds."""
+    from resourced import Client
+
+    deadline = time.monotonic() + READY_TIMEOUT
+    while True:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"daemon exited with {proc.returncode}:\n{log.read()}")
+        try:
+            with Client(bus="session", timeout=1.0) as c:
+                c.ping()
+            return
+        except Exception as exc:  # noqa: BLE001 - not up yet
+            if time.monotonic() > deadline:
+                log.seek(0)
+                raise RuntimeError(f"daemon not ready after {READY_TIMEOUT}s ({exc}):\n"
+                                   f"{log.read()}") from exc
+            time.sleep(0.02)
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of an already sorted list."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, -(-len(sorted_values) * q // 100))  # ceil(n * q / 100), at least 1
+    return sorted_values[int(rank) - 1]
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    """p50, p90, p99 and mean of a list of durations (any unit)."""
+    s = sorted(samples)
+    return {
+        "n": len(s),
+        "p50": percentile(s, 50),
+        "p90": percentile(s, 90),
+        "p99": percentile(s, 99),
+        "mean": sum(s) / len(s) if s else float("nan"),
+    }
+
+
+def machine_line() -> str:
+    return (f"python {sys.version.split()[0]} ({sys.executable}), "
+            f"{os.cpu_count()} CPU(s), load avg {os.getloadavg()[0]:.2f}")

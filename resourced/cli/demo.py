@@ -1,0 +1,108 @@
+"""gpuctl demo: resourced at work on simulated GPUs, on a private bus of its own.
+
+It never touches a real bus or a real GPU, so it is safe on a busy machine: it starts a
+private ``dbus-daemon`` and a daemon on 4 simulated GPUs, runs a development claim and
+concurrent one-off jobs through gpuctl, shows ``gpuctl status`` at each step, and stops
+everything it started.
+"""
+
+import os
+import subprocess
+import sys
+import time
+
+import click
+
+JOB_SECONDS = 2.0
+
+
+def _say(text: str) -> None:
+    click.secho(f"\n== {text}", bold=True)
+
+
+class _Demo:
+    def __init__(self, gpus: int):
+        from ..privatebus import PrivateBus
+
+        self.bus = PrivateBus().start()
+        self.env = {
+            **os.environ,
+            **self.bus.env(),
+            "DBUS_SYSTEM_BUS_ADDRESS": self.bus.address,  # nothing reaches the real system bus
+            "RESOURCED_SIMULATED_GPUS": str(gpus),
+        }
+        self.daemon = None
+
+    def start_daemon(self) -> None:
+        self.daemon = subprocess.Popen(
+            [sys.executable, "-m", "resourced.daemon", "--session"],
+            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        deadline = time.monotonic() + 15
+        while self.gpuctl("free", capture=True).returncode != 0:
+            if self.daemon.poll() is not None or time.monotonic() > deadline:
+                raise click.ClickException(f"the daemon did not start: {self.daemon.stderr.read()}")
+            time.sleep(0.05)
+
+    def gpuctl(self, *args: str, capture: bool = False) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "resourced.cli", *args], env=self.env,
+                              capture_output=capture, text=True, timeout=60)
+
+    def spawn(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "resourced.cli", *args], env=self.env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def status(self) -> None:
+        self.gpuctl("status")
+
+    def close(self) -> None:
+        if self.daemon and self.daemon.poll() is None:
+            self.daemon.terminate()
+            self.daemon.wait(10)
+        self.bus.stop()
+
+
+@click.command()
+@click.option("--gpus", default=4, show_default=True, help="How many simulated GPUs.")
+def demo(gpus):
+    """Show resourced at work on simulated GPUs, on a private bus (safe on a busy machine).
+
+    Example: gpuctl demo
+    """
+    _say(f"Starting a private bus and a resourced daemon on {gpus} simulated GPUs")
+    d = _Demo(gpus)
+    try:
+        d.start_daemon()
+        d.status()
+
+        _say("A development claim: 1 GPU kept for this demo's process until released")
+        ref = d.gpuctl("claim", "--gpus", "1", "--owner-pid", str(os.getpid()),
+                       "--task-name", "tune kernels", "--label", "dev", capture=True).stdout.strip()
+        click.echo(f"$ gpuctl claim --gpus 1 --owner-pid {os.getpid()} ...  ->  {ref}")
+        d.status()
+
+        _say(f"Concurrent one-off jobs: 2 jobs of 1 GPU each for {JOB_SECONDS:.0f} s, "
+             "and one asking for 2 GPUs that cannot fit")
+        job = f"import os, time; time.sleep({JOB_SECONDS}); print('ran on', os.environ['CUDA_VISIBLE_DEVICES'][-4:])"
+        jobs = [d.spawn("run", "--gpus", "1", "--task-name", f"job {i}", "--", sys.executable, "-c", job)
+                for i in (1, 2)]
+        time.sleep(JOB_SECONDS / 2)
+        too_big = d.gpuctl("run", "--gpus", "2", "--", "true", capture=True)
+        click.echo(f"$ gpuctl run --gpus 2 -- true  ->  exit {too_big.returncode}: "
+                   f"{too_big.stderr.strip()}")
+        d.status()
+
+        _say("The jobs end; their GPUs come back by themselves")
+        for i, p in enumerate(jobs, 1):
+            out, _ = p.communicate(timeout=60)
+            click.echo(f"job {i}: exit {p.returncode}, {out.strip()}")
+        d.status()
+
+        _say("Running on the development claim, then releasing it")
+        d.gpuctl("run", "--allocation", ref, "--", sys.executable, "-c",
+                 "import os; print('on claim', os.environ['RESOURCED_ALLOCATION'])")
+        d.gpuctl("release", "--allocation", ref)
+        d.status()
+        _say("Done: the private daemon and bus are stopped")
+    finally:
+        d.close()
