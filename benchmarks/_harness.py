@@ -6,6 +6,7 @@ puts this folder first on ``sys.path``).
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,18 +34,22 @@ def daemon_on_private_bus(gpus: int = 8):
     """Yield the private bus with a ready daemon on it; stop both however the block ends.
 
     This process's own environment points at the private bus for the duration, so that
-    ``resourced.Client(bus="session")`` here finds it.  The daemon's log goes to a
-    temporary file, printed only if the daemon fails to come up.
+    ``resourced.Client(bus="session")`` here finds it.  The daemon keeps its claims in a
+    fresh runtime directory on tmpfs where there is one (as ``/run`` and
+    ``$XDG_RUNTIME_DIR`` are in production).  Its log goes to a temporary file, printed
+    only if it fails to come up.
     """
     bus = PrivateBus().start()
     saved = {k: os.environ.get(k) for k in ("DBUS_SESSION_BUS_ADDRESS", "RESOURCED_BUS")}
     log = tempfile.TemporaryFile(mode="w+")
+    runtime_dir = tempfile.mkdtemp(prefix="resourced-bench-", dir=_tmpfs())
     proc = None
     try:
         env = clean_env(bus.address)
         os.environ["DBUS_SESSION_BUS_ADDRESS"] = bus.address
         os.environ.pop("RESOURCED_BUS", None)
         env["RESOURCED_SIMULATED_GPUS"] = str(gpus)
+        env["RESOURCED_RUNTIME_DIR"] = runtime_dir
         proc = subprocess.Popen(
             [sys.executable, "-m", "resourced.daemon", "--session"],
             env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -61,11 +66,20 @@ def daemon_on_private_bus(gpus: int = 8):
                 proc.wait(5)
         bus.stop()
         log.close()
+        shutil.rmtree(runtime_dir, ignore_errors=True)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _tmpfs() -> str | None:
+    """A tmpfs folder for the daemon's runtime directory, or None for the default temp."""
+    for candidate in (os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm"):
+        if candidate and os.path.isdir(candidate) and os.access(candidate, os.W_OK):
+            return candidate
+    return None
 
 
 def _wait_ready(proc: subprocess.Popen, log) -> None:

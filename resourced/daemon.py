@@ -10,8 +10,10 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
+from pathlib import Path
 
 from dbus_fast import BusType, Message, MessageType, NameFlag, RequestNameReply
 from dbus_fast.aio import MessageBus
@@ -22,6 +24,9 @@ from .bus.caller import remember_call
 from .bus.manager import ManagerInterface
 from .bus.names import BUS_NAME
 from .engine import Engine
+from .evidence.processes import boot_id
+from .sd import notify, run_watchdog, setup_logging, watchdog_interval
+from .store import ClaimStore, StoreError
 
 log = logging.getLogger("resourced")
 
@@ -54,10 +59,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def runtime_dir(mode: str, environ=os.environ) -> Path:
+    """Where live claims are kept: $RESOURCED_RUNTIME_DIR, else per mode."""
+    if environ.get("RESOURCED_RUNTIME_DIR"):
+        return Path(environ["RESOURCED_RUNTIME_DIR"])
+    if mode == "system":
+        return Path("/run/resourced")
+    if not environ.get("XDG_RUNTIME_DIR"):
+        raise StartupError("XDG_RUNTIME_DIR is not set: log in through a session manager, or "
+                           "set RESOURCED_RUNTIME_DIR", EXIT_USAGE)
+    return Path(environ["XDG_RUNTIME_DIR"]) / "resourced"
+
+
+def status_line(engine: Engine) -> str:
+    ledger = engine.ledger
+    return (f"{len(ledger.gpus)} GPU(s), {engine.free_count()} free, "
+            f"{len(ledger.claims)} claim(s)")
+
+
 async def serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
-    engine = Engine(select_backend())
-    await engine.start()
+    try:
+        store = ClaimStore(runtime_dir(args.mode), boot_id())
+        restored = store.load()
+    except StoreError as exc:
+        raise StartupError(str(exc), EXIT_NAME_TAKEN) from exc
+    engine = Engine(select_backend(), store)
+    await engine.start(restored)
 
     bus_type = BusType.SYSTEM if args.mode == "system" else BusType.SESSION
     try:
@@ -87,11 +115,19 @@ async def serve(args: argparse.Namespace) -> int:
         "resourced %s serving %d GPU(s) (%s backend) on the %s bus",
         __version__, len(engine.ledger.gpus), engine.backend.name, args.mode,
     )
+    engine.subscribe(lambda _events: notify(f"STATUS={status_line(engine)}"))
+    notify("READY=1", f"STATUS={status_line(engine)}")
+    interval = watchdog_interval()
+    watchdog = asyncio.ensure_future(run_watchdog(interval)) if interval else None
     disconnected = asyncio.ensure_future(bus.wait_for_disconnect())
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait({disconnected, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    notify("STOPPING=1")
     stopping.cancel()
+    if watchdog:
+        watchdog.cancel()
     engine.close()
+    store.close()
     if disconnected.done():
         log.error("lost the connection to the %s bus", args.mode)
         disconnected.exception()  # retrieved: the reason is the log line above
@@ -121,7 +157,7 @@ def _name_lost_watcher(stop: asyncio.Event):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="resourced: %(message)s", stream=sys.stderr)
+    setup_logging()
     try:
         return asyncio.run(serve(args))
     except StartupError as exc:

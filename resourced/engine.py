@@ -19,9 +19,10 @@ from .backends import Backend, NoGpus
 from .core.claims import Claim, ClaimRequest
 from .core.inventory import Gpu
 from .core.ledger import ClaimGranted, ClaimReleased, Event, Ledger, OwnerDied
-from .errors import InvalidRequest, NotClaimOwner, NotProcessOwner
+from .errors import Internal, InvalidRequest, NotClaimOwner, NotProcessOwner, ResourcedError
 from .evidence.liveness import ExitWatcher
 from .evidence.processes import process_ref, process_uid
+from .sd import audit
 
 log = logging.getLogger("resourced")
 
@@ -42,8 +43,10 @@ def wall_clock_usec() -> int:
 
 
 class Engine:
-    def __init__(self, backend: Backend, probe_timeout: float = 10.0, clock=wall_clock_usec):
+    def __init__(self, backend: Backend, store=None, probe_timeout: float = 10.0,
+                 clock=wall_clock_usec):
         self.backend = backend
+        self.store = store  # a ClaimStore, or None to keep claims in memory only
         self.probe_timeout = probe_timeout
         self.clock = clock
         self.ledger = Ledger([])
@@ -53,8 +56,9 @@ class Engine:
         self._user_names: dict[int, str] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
-    async def start(self) -> None:
-        """Read the inventory (off the loop, with a deadline) and start watching owners."""
+    async def start(self, restored: dict[str, Claim] | None = None) -> None:
+        """Read the inventory (off the loop, with a deadline), take back ``restored`` claims
+        from before a restart, and watch their owners (dead ones are handled at once)."""
         loop = asyncio.get_running_loop()
         self._watcher = ExitWatcher(loop, self._owner_exited)
         try:
@@ -66,6 +70,13 @@ class Engine:
         self.ledger = Ledger(gpus)
         if not gpus:
             log.warning("no GPUs to manage: %s", self.backend_note or "the backend lists none")
+        for claim, why in self.ledger.restore((restored or {}).values()):
+            log.error("dropping restored claim %s: %s", claim.id, why)
+        for claim in list(self.ledger.claims.values()):
+            if claim.owner_alive and not self._watcher.watch(claim.id, claim.owner):
+                self._commit(self.ledger.owner_died(claim.id))
+        if self.ledger.claims:
+            log.info("restored %d claim(s)", len(self.ledger.claims))
 
     def close(self) -> None:
         if self._watcher:
@@ -96,11 +107,16 @@ class Engine:
             label=label, task_name=task_name,
         )
         # The decision: synchronous from here on.
-        events = self.ledger.grant(request, self._new_id(), self.clock())
+        try:
+            events = self.ledger.grant(request, self._new_id(), self.clock())
+        except ResourcedError as exc:
+            audit(f"refused {gpus} GPU(s) to uid {caller.uid}: {exc.message}", priority=4,
+                  uid=caller.uid, refusal=exc.code)
+            raise
         claim = events[0].claim
-        self._publish(events)
+        self._commit(events, undo=lambda: self.ledger.release(claim.id))
         if not self._watcher.watch(claim.id, claim.owner):
-            self._publish(self.ledger.owner_died(claim.id))
+            self._commit(self.ledger.owner_died(claim.id))
         return claim
 
     def release(self, caller: Caller, claim_id: str) -> Claim:
@@ -108,7 +124,7 @@ class Engine:
         if caller.uid not in (0, claim.uid):
             raise NotClaimOwner(f"claim {claim_id} belongs to {claim.user or claim.uid}")
         self._watcher.forget(claim_id)
-        self._publish(self.ledger.release(claim_id))
+        self._commit(self.ledger.release(claim_id))
         return claim
 
     # -- views -------------------------------------------------------------------------
@@ -126,23 +142,40 @@ class Engine:
                 return claim_id
 
     def _owner_exited(self, claim_id: str) -> None:
-        self._publish(self.ledger.owner_died(claim_id))
+        self._commit(self.ledger.owner_died(claim_id))
 
-    def _publish(self, events: list[Event]) -> None:
+    def _commit(self, events: list[Event], undo=None) -> None:
+        """Persist ``events`` (before anyone hears of them), then audit and publish them.
+
+        If they cannot be persisted and ``undo`` is given, the change is undone and the
+        caller gets an error: nothing is acknowledged that a restart would forget.
+        """
+        if self.store is not None and events:
+            try:
+                self.store.record(events, self.ledger.claims)
+            except OSError as exc:
+                log.error("cannot persist claims to %s: %s", self.store.path, exc)
+                if undo is not None:
+                    undo()
+                    raise Internal("the daemon cannot record claims; see its log") from exc
         for event in events:
-            self._log(event)
+            self._audit(event)
         for listener in self._listeners:
             listener(events)
 
     @staticmethod
-    def _log(event: Event) -> None:
+    def _audit(event: Event) -> None:
         c = event.claim
+        gpus = ",".join(c.gpus)
         if isinstance(event, ClaimGranted):
-            log.info("granted %s (%s) to uid %d: %s", c.id, c.mode, c.uid, ", ".join(c.gpus))
+            audit(f"granted {c.id} ({c.mode}) to {c.user or c.uid}: {gpus}",
+                  claim=c.id, uid=c.uid, gpu=gpus, event="granted")
         elif isinstance(event, ClaimReleased):
-            log.info("released %s (%s): %s", c.id, event.reason, ", ".join(c.gpus))
+            audit(f"released {c.id} ({event.reason}): {gpus}",
+                  claim=c.id, uid=c.uid, gpu=gpus, event="released", reason=event.reason)
         elif isinstance(event, OwnerDied):
-            log.info("owner %d of %s exited; the claim stays until released", c.owner.pid, c.id)
+            audit(f"owner {c.owner.pid} of {c.id} exited; the claim stays until released",
+                  claim=c.id, uid=c.uid, gpu=gpus, event="owner-died")
 
     async def _blocking(self, fn, *args):
         """Run a blocking call in a thread; give up waiting after ``probe_timeout``."""

@@ -42,11 +42,15 @@ def eventually(predicate, timeout: float = 5.0, interval: float = 0.02):
 class Daemon:
     """A resourced daemon as a real subprocess on the private bus."""
 
-    def __init__(self, bus: PrivateBus, tmp_path: Path, gpus="4", args=(), env=None):
+    def __init__(self, bus: PrivateBus, tmp_path: Path, gpus="4", args=(), env=None,
+                 runtime_dir: Path | None = None):
         self.bus = bus
-        self.log_path = tmp_path / f"daemon-{time.monotonic_ns()}.log"
+        stamp = time.monotonic_ns()
+        self.log_path = tmp_path / f"daemon-{stamp}.log"
+        self.runtime_dir = runtime_dir or tmp_path / f"run-{stamp}"
         self.env = {**os.environ, **bus.env(), "RESOURCED_SIMULATED_GPUS": str(gpus),
-                    "PYTHONUNBUFFERED": "1", **(env or {})}
+                    "RESOURCED_RUNTIME_DIR": str(self.runtime_dir), "PYTHONUNBUFFERED": "1",
+                    **(env or {})}
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "resourced.daemon", "--session", *args],
@@ -110,8 +114,8 @@ def start_daemon(private_bus, tmp_path, monkeypatch, request):
     for k, v in private_bus.env().items():
         monkeypatch.setenv(k, v)
 
-    def start(gpus="4", args=(), env=None, wait=True) -> Daemon:
-        d = Daemon(private_bus, tmp_path, gpus, args, env)
+    def start(gpus="4", args=(), env=None, wait=True, runtime_dir=None) -> Daemon:
+        d = Daemon(private_bus, tmp_path, gpus, args, env, runtime_dir)
         started.append(d)
         return d.wait_ready() if wait else d
 

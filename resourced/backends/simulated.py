@@ -23,10 +23,6 @@ def simulated_uuid(index: int) -> str:
     return f"GPU-5e1a7ed0-0000-4000-8000-{index:012d}"
 
 
-def _default_entry(index: int) -> dict:
-    return {"index": index}
-
-
 class SimulatedBackend:
     name = "simulated"
 
@@ -36,13 +32,14 @@ class SimulatedBackend:
 
     @classmethod
     def from_setting(cls, value: str) -> "SimulatedBackend":
-        if value.strip().isdigit():
+        value = value.strip()
+        if value.isascii() and value.isdigit():
             return cls(count=int(value))
         return cls(path=value)
 
     def _entries(self) -> list[dict]:
         if self.path is None:
-            return [_default_entry(i) for i in range(self.count or 0)]
+            return [{"index": i} for i in range(self.count or 0)]
         try:
             with open(self.path, encoding="utf-8") as f:
                 data = json.load(f)
@@ -54,28 +51,32 @@ class SimulatedBackend:
             raise BackendError(f"simulation file {self.path}: {exc}") from exc
 
     def inventory(self) -> list[Gpu]:
-        gpus = []
-        for e in self._entries():
-            try:
-                index = int(e["index"])
-                gpus.append(
-                    Gpu(
-                        index=index,
-                        uuid=str(e.get("uuid") or simulated_uuid(index)),
-                        name=str(e.get("name", "Simulated GPU")),
-                        memory_bytes=int(e.get("memory_total_mib", DEFAULT_MEMORY_MIB)) * MIB,
-                        pci_bus_id=str(e.get("pci_bus_id") or f"00000000:{index + 1:02x}:00.0"),
-                    )
-                )
-            except (KeyError, TypeError, ValueError) as exc:
-                raise BackendError(f"simulation entry {e!r}: {exc}") from exc
-        return gpus
+        return [_gpu(e) for e in self._entries()]
 
     def processes(self) -> dict[str, list[GpuProcess]]:
-        found = {}
-        for e, gpu in zip(self._entries(), self.inventory()):
-            found[gpu.uuid] = [
-                GpuProcess(int(p["pid"]), int(p.get("used_memory_mib", 0)) * MIB)
-                for p in e.get("processes", [])
-            ]
-        return found
+        """One reading of the file, so GPUs and processes always come from the same state."""
+        return {_gpu(e).uuid: _processes(e) for e in self._entries()}
+
+
+def _gpu(e: dict) -> Gpu:
+    try:
+        index = int(e["index"])
+        return Gpu(
+            index=index,
+            uuid=str(e.get("uuid") or simulated_uuid(index)),
+            name=str(e.get("name", "Simulated GPU")),
+            memory_bytes=int(e.get("memory_total_mib", DEFAULT_MEMORY_MIB)) * MIB,
+            pci_bus_id=str(e.get("pci_bus_id") or f"00000000:{index + 1:02x}:00.0"),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise BackendError(f"simulation entry {e!r}: {exc}") from exc
+
+
+def _processes(e: dict) -> list[GpuProcess]:
+    try:
+        listed = e.get("processes", [])
+        if not isinstance(listed, list):
+            raise TypeError("'processes' must be a list")
+        return [GpuProcess(int(p["pid"]), int(p.get("used_memory_mib", 0)) * MIB) for p in listed]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise BackendError(f"simulation entry {e!r}: {exc}") from exc

@@ -20,6 +20,7 @@ COMMANDS = {
     "status": ("status", "status", "Show each GPU and who holds it."),
     "free": ("status", "free", "Print how many GPUs are free."),
     "demo": ("demo", "demo", "Show resourced at work on simulated GPUs (a private bus)."),
+    "config": ("config", "config", "Check a configuration file without starting anything."),
 }
 
 

@@ -107,6 +107,22 @@ class Ledger:
             self._holder[uuid] = claim_id
         return [ClaimGranted(claim)]
 
+    def restore(self, claims: Iterable[Claim]) -> list[tuple[Claim, str]]:
+        """Take back claims from before a restart; returns those refused, with the reason."""
+        refused = []
+        for claim in claims:
+            missing = [u for u in claim.gpus if u not in self.gpus]
+            taken = [u for u in claim.gpus if u in self._holder]
+            if missing or taken or claim.id in self.claims:
+                why = f"GPU {missing[0]} is gone" if missing else (
+                    f"GPU {taken[0]} is held twice" if taken else "duplicate id")
+                refused.append((claim, why))
+                continue
+            self.claims[claim.id] = claim
+            for uuid in claim.gpus:
+                self._holder[uuid] = claim.id
+        return refused
+
     def release(self, claim_id: str, reason: str = "released") -> list[Event]:
         claim = self.get(claim_id)
         del self.claims[claim_id]

@@ -25,7 +25,7 @@ class ExitWatcher:
         self.forget(key)
         try:
             fd = os.pidfd_open(ref.pid)
-        except ProcessLookupError:
+        except OSError:  # gone (ESRCH), or a thread id rather than a process
             return False
         if not is_alive(ref):  # the pid was reused before we pinned it
             os.close(fd)

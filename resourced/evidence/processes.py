@@ -1,7 +1,5 @@
 """Processes as (pid, start time): reading /proc, and the boot they belong to."""
 
-import os
-
 from ..core.claims import ProcessRef
 
 PROC = "/proc"
@@ -14,15 +12,24 @@ def _stat_fields(pid: int) -> list[str]:
     return data[data.rindex(b")") + 2 :].decode().split()
 
 
+def _is_process(pid: int) -> bool:
+    """False for a thread id: /proc/<tid> exists for threads too, but only a leader is a process."""
+    with open(f"{PROC}/{pid}/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"Tgid:"):
+                return int(line.split()[1]) == pid
+    return False
+
+
 def process_ref(pid: int) -> ProcessRef | None:
-    """The live process with this pid, or None if there is none (zombies count as gone)."""
+    """The live process with this pid, or None if there is none (zombies and threads are not)."""
     if pid <= 0:
         return None
     try:
         fields = _stat_fields(pid)
+        if fields[0] in ("Z", "X") or not _is_process(pid):
+            return None
     except (OSError, ValueError):
-        return None
-    if fields[0] in ("Z", "X"):
         return None
     return ProcessRef(pid, int(fields[19]))
 
@@ -33,11 +40,15 @@ def is_alive(ref: ProcessRef) -> bool:
 
 
 def process_uid(pid: int) -> int | None:
-    """The real uid of a process, or None if it is gone."""
+    """The real uid of a process (the ``Uid:`` line of its status), or None if it is gone."""
     try:
-        return os.stat(f"{PROC}/{pid}").st_uid
-    except OSError:
+        with open(f"{PROC}/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
         return None
+    return None
 
 
 def boot_id() -> str:

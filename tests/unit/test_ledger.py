@@ -129,6 +129,12 @@ def test_grant_skips_busy_gpus_in_favour_of_others(ledger):
     ledger.check_invariants()
 
 
+def test_busy_gpus_that_are_already_held_do_not_block_a_grant(ledger):
+    ledger.grant(request(2, "dev"), "c0", NOW)
+    [event] = ledger.grant(request(2), "c1", NOW, busy=frozenset({uuid(0), uuid(1)}))
+    assert event.claim.gpus == (uuid(2), uuid(3))
+
+
 def test_busy_uuids_outside_the_inventory_are_ignored(ledger):
     [event] = ledger.grant(request(4), "c1", NOW, busy=frozenset({"GPU-elsewhere"}))
     assert event.claim.gpus == tuple(uuid(i) for i in range(4))

@@ -1,0 +1,487 @@
+"""The configuration file: where it is, what it may say, and what a reload changes.
+
+Lookup (``find_config``): ``--config FILE``, else ``$RESOURCED_CONFIG``, else
+``$XDG_CONFIG_HOME/resourced/config.toml`` (default ``~/.config/resourced/config.toml``),
+else ``/etc/resourced/config.toml``.  The system service skips the per-user file.  A file
+named explicitly (the option or the variable) must exist; the implicit ones are skipped
+when absent; with no file at all the defaults apply.  ``examples/config.toml`` documents
+every key.
+
+Checking is strict, because a typo that is silently ignored is a limit that silently does
+not apply: unknown sections and keys are errors, booleans are not numbers, and every
+problem is one ``ConfigError`` whose text is one line naming the file, the key and what is
+wrong::
+
+    /etc/resourced/config.toml: daemon.probe_timeout: must be a number greater than 0, not 'abc'
+    /etc/resourced/config.toml: check[1].path: required for type "disk"
+
+Entries of ``[[gpu]]``, ``[[check]]`` and ``[[pool]]`` are named by their position in the
+file counting from 0 (``check[1]`` is the second ``[[check]]``), as in jq or Python.
+
+Nothing here does I/O beyond reading the one file; the daemon decides what the values
+mean (``runtime_dir = ""`` is "the mode's default", for instance).
+"""
+
+import dataclasses
+import difflib
+import math
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .amounts import parse_amount
+
+__all__ = [
+    "CheckEntry", "Config", "ConfigError", "DaemonConfig", "GpuEntry", "PoolEntry",
+    "SYSTEM_CONFIG", "find_config", "load_config", "parse_config", "reload_changes",
+]
+
+SYSTEM_CONFIG = Path("/etc/resourced/config.toml")
+
+
+class ConfigError(Exception):
+    """A configuration file that cannot be used; ``str()`` is one line for the user.
+
+    ``source`` is the file, ``key`` the dotted key (``daemon.probe_timeout``,
+    ``check[1].path``) or None for the file as a whole, ``problem`` what is wrong.
+    """
+
+    def __init__(self, source: str, key: str | None, problem: str):
+        self.source = source
+        self.key = key
+        self.problem = problem
+        where = f"{source}: {key}: " if key else f"{source}: "
+        super().__init__(where + problem)
+
+
+# --- the parsed configuration ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """``[daemon]``: times are in seconds."""
+
+    runtime_dir: str = ""            # "" = the mode's default, decided by the daemon
+    probe_timeout: float = 10.0      # a GPU or disk probe slower than this has failed
+    sample_interval: float = 30.0    # between resource samples
+    dead_owner_grace: float = 600.0  # release a dead owner's claims after this; 0 = never
+    access_group: str = "resourced"  # group allowed to use a shared (system) daemon
+    persist: bool = True             # keep live claims across daemon restarts
+
+
+@dataclass(frozen=True)
+class GpuEntry:
+    """One ``[[gpu]]``: when any are listed, only the listed GPUs are managed."""
+
+    uuid: str
+    alias: str | None = None
+    index: int | None = None
+
+
+@dataclass(frozen=True)
+class CheckEntry:
+    """One ``[[check]]``: an advisory RAM or disk limit; unset thresholds are None."""
+
+    name: str
+    type: str                        # "ram" or "disk"
+    path: str | None = None          # the disk's mount point (disk only)
+    warn_free_gib: float | None = None
+    stop_free_gib: float | None = None
+    warn_free_pct: float | None = None
+    stop_free_pct: float | None = None
+    warn_used_pct: float | None = None
+    stop_used_pct: float | None = None
+
+
+@dataclass(frozen=True)
+class PoolEntry:
+    """One ``[[pool]]``: a named quantity (bytes for amounts with a unit, else a count)."""
+
+    name: str
+    capacity: int
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole configuration; ``source`` is the file it came from, "" for the defaults."""
+
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    gpus: tuple[GpuEntry, ...] = ()
+    checks: tuple[CheckEntry, ...] = ()
+    pools: tuple[PoolEntry, ...] = ()
+    source: str = ""
+
+    def as_dict(self) -> dict:
+        """Plain data (dicts, lists, str, numbers, bools, None) for JSON."""
+        return _plain(dataclasses.asdict(self))
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+# --- finding and reading the file --------------------------------------------------------
+
+
+def find_config(cli_path: str | None, environ=os.environ, system: bool = False) -> Path | None:
+    """The file to use, or None when there is none (then the defaults apply).
+
+    ``system=True`` is the system service: it never reads a per-user file.
+    """
+    if cli_path is not None:
+        return _named(cli_path, None)
+    if environ.get("RESOURCED_CONFIG"):
+        return _named(environ["RESOURCED_CONFIG"], "RESOURCED_CONFIG")
+    candidates = [] if system else [_user_config(environ)]
+    candidates.append(SYSTEM_CONFIG)
+    for path in candidates:
+        if path is not None and path.exists():
+            return path
+    return None
+
+
+def _named(name: str, variable: str | None) -> Path:
+    """An explicitly named file, which must exist; ``variable`` is where the name came from."""
+    by = f" (named by ${variable})" if variable else ""
+    if not name:
+        raise ConfigError("--config", None, "the file name is empty")
+    path = Path(name)
+    if not path.exists():
+        raise ConfigError(name, None, f"no such file{by}")
+    if path.is_dir():
+        raise ConfigError(name, None, f"is a directory, not a file{by}")
+    return path
+
+
+def _user_config(environ) -> Path | None:
+    # The XDG base directory spec: an empty or relative $XDG_CONFIG_HOME is ignored.
+    xdg = environ.get("XDG_CONFIG_HOME", "")
+    if os.path.isabs(xdg):
+        base = Path(xdg)
+    elif environ.get("HOME"):
+        base = Path(environ["HOME"]) / ".config"
+    else:
+        try:
+            base = Path.home() / ".config"
+        except RuntimeError:  # no $HOME and no passwd entry: there is no user file
+            return None
+    return base / "resourced" / "config.toml"
+
+
+def load_config(path: Path | None) -> Config:
+    """Read and check ``path``; None gives the defaults."""
+    if path is None:
+        return Config()
+    source = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(source, None, f"cannot read: {exc.strerror or exc}") from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(source, None, f"not UTF-8 text (byte {exc.start})") from exc
+    return parse_config(text.removeprefix("\ufeff"), source)
+
+
+_TOML_WHERE = re.compile(
+    r"(?P<message>.*?) \((?P<where>at line \d+, column \d+|at end of document)\)"
+)
+
+
+def parse_config(text: str, source: str) -> Config:
+    """Check the TOML ``text``; ``source`` names it in errors and in ``Config.source``."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc).splitlines()[0] if str(exc) else "cannot parse"
+        m = _TOML_WHERE.fullmatch(message)
+        problem = (
+            f"invalid TOML {m['where']}: {m['message']}" if m else f"invalid TOML: {message}"
+        )
+        raise ConfigError(source, None, problem) from None
+    return _Checker(source).config(doc)
+
+
+# --- checking ----------------------------------------------------------------------------
+
+
+class _Bad(Exception):
+    """A value's problem, before the checker adds the file and the key."""
+
+
+def _show(value) -> str:
+    """A value as the user wrote it, on one line."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    text = repr(value)
+    return text if len(text) <= 60 else text[:56] + "...'"
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _number(low: float, *, strict: bool = False, high: float | None = None):
+    if high is not None:
+        wanted = f"a number from {low:g} to {high:g}"
+    else:
+        wanted = f"a number greater than {low:g}" if strict else f"a number of at least {low:g}"
+
+    def check(value):
+        ok = _is_number(value) and math.isfinite(value)
+        ok = ok and (value > low if strict else value >= low)
+        ok = ok and (high is None or value <= high)
+        if not ok:
+            raise _Bad(f"must be {wanted}, not {_show(value)}")
+        return float(value)
+
+    return check
+
+
+def _index(value):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise _Bad(f"must be a whole number of at least 0, not {_show(value)}")
+    return value
+
+
+def _boolean(value):
+    if not isinstance(value, bool):
+        raise _Bad(f"must be true or false, not {_show(value)}")
+    return value
+
+
+def _string(pattern: str | None = None, wanted: str = "a non-empty string"):
+    regex = re.compile(pattern or r"[^\x00-\x1f\x7f]+")
+
+    def check(value):
+        if not isinstance(value, str) or not regex.fullmatch(value):
+            raise _Bad(f"must be {wanted}, not {_show(value)}")
+        return value
+
+    return check
+
+
+def _runtime_dir(value):
+    if not isinstance(value, str) or (value and not os.path.isabs(value)) or "\0" in value:
+        raise _Bad(f'must be an absolute path, or "" for the default, not {_show(value)}')
+    return value
+
+
+def _capacity(value):
+    try:
+        if isinstance(value, (str, int)) and not isinstance(value, bool):
+            return parse_amount(value)
+    except ValueError:
+        pass
+    raise _Bad(f'must be a positive whole number or an amount like "64G", not {_show(value)}')
+
+
+_ALIAS = r"[A-Za-z0-9_-]+"
+_POOL_NAME = r"[a-z0-9][a-z0-9_.-]*"
+# shadow-utils' rule, loosened as Debian does (capitals, dots); at most 32 characters.
+_GROUP = r"[A-Za-z_](?:[A-Za-z0-9_.-]{0,31}|[A-Za-z0-9_.-]{0,30}\$)"
+
+_PCT = _number(0, high=100)
+_GIB = _number(0)
+
+# For each table: key -> (check, required).  Optional keys missing from the file keep
+# their dataclass default.
+_DAEMON = {
+    "runtime_dir": (_runtime_dir, False),
+    "probe_timeout": (_number(0, strict=True), False),
+    "sample_interval": (_number(0, strict=True), False),
+    "dead_owner_grace": (_number(0), False),
+    "access_group": (_string(_GROUP, "a valid group name"), False),
+    "persist": (_boolean, False),
+}
+_GPU = {
+    "uuid": (_string(r"\S+", "a non-empty string without spaces"), True),
+    "alias": (_string(_ALIAS, "letters, digits, '_' and '-' only"), False),
+    "index": (_index, False),
+}
+_CHECK = {
+    "name": (_string(), True),
+    "type": (None, True),  # checked by hand: what else is allowed depends on it
+    "path": (None, False),
+    "warn_free_gib": (_GIB, False),
+    "stop_free_gib": (_GIB, False),
+    "warn_free_pct": (_PCT, False),
+    "stop_free_pct": (_PCT, False),
+    "warn_used_pct": (_PCT, False),
+    "stop_used_pct": (_PCT, False),
+}
+_POOL = {
+    "name": (_string(_POOL_NAME, "lower-case letters, digits, '_', '.' and '-', "
+                     "starting with a letter or digit"), True),
+    "capacity": (_capacity, True),
+}
+_ARRAYS = {"gpu": _GPU, "check": _CHECK, "pool": _POOL}
+
+CHECK_TYPES = ("ram", "disk")
+
+
+class _Checker:
+    """Turns the TOML document into a ``Config``, raising at the first problem."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, key: str | None, problem: str):
+        raise ConfigError(self.source, key, problem)
+
+    def config(self, doc: dict) -> Config:
+        known = ["daemon", *_ARRAYS]
+        for name, value in doc.items():
+            if name not in known:
+                self.unknown(name, value, known)
+        daemon = doc.get("daemon", {})
+        if not isinstance(daemon, dict):
+            self.fail("daemon", f"must be a table ([daemon]), not {_show(daemon)}")
+        entries = {name: self.array(name, doc.get(name, [])) for name in _ARRAYS}
+        return Config(
+            daemon=DaemonConfig(**self.table(daemon, "daemon", _DAEMON)),
+            gpus=self.gpus(entries["gpu"]),
+            checks=self.checks(entries["check"]),
+            pools=self.pools(entries["pool"]),
+            source=self.source,
+        )
+
+    def unknown(self, key: str, value, known: list[str]):
+        name = key.rsplit(".", 1)[-1]
+        guess = difflib.get_close_matches(name, [k.rsplit(".", 1)[-1] for k in known], n=1)
+        if guess and "." not in key:  # a section: spell it as it is written
+            guess = [f"[{guess[0]}]" if guess[0] == "daemon" else f"[[{guess[0]}]]"]
+        hint = f" (did you mean {guess[0]}?)" if guess else ""
+        if "." not in key and isinstance(value, dict):
+            self.fail(None, f"unknown section [{key}]{hint}")
+        if "." not in key and isinstance(value, list) and value and all(
+            isinstance(v, dict) for v in value
+        ):
+            self.fail(None, f"unknown section [[{key}]]{hint}")
+        self.fail(None, f"unknown key {key}{hint}")
+
+    def array(self, name: str, value) -> list[dict]:
+        if isinstance(value, dict):
+            self.fail(name, f"must be an array of tables ([[{name}]]), not a table ([{name}])")
+        if not isinstance(value, list):
+            self.fail(name, f"must be an array of tables ([[{name}]]), not {_show(value)}")
+        for i, entry in enumerate(value):
+            if not isinstance(entry, dict):
+                self.fail(f"{name}[{i}]", f"must be a table, not {_show(entry)}")
+        return value
+
+    def table(self, table: dict, prefix: str, schema: dict) -> dict:
+        """The checked values of ``table``, for the keys it has."""
+        for key, value in table.items():
+            if key not in schema:
+                self.unknown(f"{prefix}.{key}", value, [f"{prefix}.{k}" for k in schema])
+        for key, (_, required) in schema.items():
+            if required and key not in table:
+                self.fail(f"{prefix}.{key}", "required")
+        out = {}
+        for key, (check, _) in schema.items():
+            if key in table:
+                out[key] = self.value(f"{prefix}.{key}", table[key], check)
+        return out
+
+    def value(self, key: str, value, check):
+        if check is None:
+            return value
+        try:
+            return check(value)
+        except _Bad as exc:
+            self.fail(key, str(exc))
+
+    def unique(self, entries: list[dict], name: str, key: str, fold=lambda v: v):
+        seen: dict = {}
+        for i, entry in enumerate(entries):
+            if entry.get(key) is None:
+                continue
+            first = seen.setdefault(fold(entry[key]), i)
+            if first != i:
+                self.fail(f"{name}[{i}].{key}",
+                          f"duplicate {_show(entry[key])} (also {name}[{first}])")
+
+    def gpus(self, raw: list[dict]) -> tuple[GpuEntry, ...]:
+        entries = [self.table(e, f"gpu[{i}]", _GPU) for i, e in enumerate(raw)]
+        self.unique(entries, "gpu", "uuid", fold=str.lower)  # NVML's UUIDs ignore case
+        self.unique(entries, "gpu", "alias")
+        self.unique(entries, "gpu", "index")
+        return tuple(GpuEntry(**e) for e in entries)
+
+    def checks(self, raw: list[dict]) -> tuple[CheckEntry, ...]:
+        entries = []
+        for i, e in enumerate(raw):
+            values = self.table(e, f"check[{i}]", _CHECK)
+            self.check_type(f"check[{i}]", values)
+            self.check_order(f"check[{i}]", values)
+            entries.append(values)
+        self.unique(entries, "check", "name")
+        return tuple(CheckEntry(**e) for e in entries)
+
+    def check_type(self, prefix: str, values: dict):
+        kind = values["type"]
+        if kind not in CHECK_TYPES:
+            self.fail(f"{prefix}.type", f'must be "ram" or "disk", not {_show(kind)}')
+        if kind == "ram" and "path" in values:
+            self.fail(f"{prefix}.path", 'not allowed for type "ram"')
+        if kind == "disk":
+            if "path" not in values:
+                self.fail(f"{prefix}.path", 'required for type "disk"')
+            path = values["path"]
+            if not isinstance(path, str) or not os.path.isabs(path) or "\0" in path:
+                self.fail(f"{prefix}.path", f"must be an absolute path, not {_show(path)}")
+
+    def check_order(self, prefix: str, values: dict):
+        """A stop level must be reached no later than its warn level would be."""
+        for measure in ("free_gib", "free_pct"):
+            warn, stop = values.get(f"warn_{measure}"), values.get(f"stop_{measure}")
+            if warn is not None and stop is not None and stop > warn:
+                self.fail(f"{prefix}.stop_{measure}",
+                          f"must be at most warn_{measure} ({warn:g}), not {stop:g}")
+        warn, stop = values.get("warn_used_pct"), values.get("stop_used_pct")
+        if warn is not None and stop is not None and stop < warn:
+            self.fail(f"{prefix}.stop_used_pct",
+                      f"must be at least warn_used_pct ({warn:g}), not {stop:g}")
+
+    def pools(self, raw: list[dict]) -> tuple[PoolEntry, ...]:
+        entries = [self.table(e, f"pool[{i}]", _POOL) for i, e in enumerate(raw)]
+        self.unique(entries, "pool", "name")
+        return tuple(PoolEntry(**e) for e in entries)
+
+
+# --- reloading ---------------------------------------------------------------------------
+
+_RESTART = frozenset({"daemon.runtime_dir", "daemon.persist", "gpu"})
+
+
+def reload_changes(old: Config, new: Config) -> tuple[list[str], list[str]]:
+    """What differs from ``old`` to ``new``: (keys applied live, keys that need a restart).
+
+    Keys are ``daemon.<name>`` for ``[daemon]`` and ``gpu``, ``check``, ``pool`` for the
+    arrays, in that order.  The runtime directory, persistence and the set of GPUs are
+    fixed for the life of a daemon; everything else it can take on the fly.
+    """
+    changed = [
+        f"daemon.{f.name}" for f in dataclasses.fields(DaemonConfig)
+        if getattr(old.daemon, f.name) != getattr(new.daemon, f.name)
+    ]
+    for key, attr in (("gpu", "gpus"), ("check", "checks"), ("pool", "pools")):
+        if getattr(old, attr) != getattr(new, attr):
+            changed.append(key)
+    live = [k for k in changed if k not in _RESTART]
+    restart = [k for k in changed if k in _RESTART]
+    return live, restart
