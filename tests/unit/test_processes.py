@@ -90,8 +90,6 @@ def test_process_ref_survives_a_command_name_with_spaces_and_parentheses(tmp_pat
         proc.wait(TIMEOUT)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a thread id passes for a process: process_ref "
-                   "returns a ref, which pidfd_open then refuses (ENOENT/EINVAL)")
 def test_process_ref_of_a_thread_that_is_not_a_process_is_none():
     started, stop = threading.Event(), threading.Event()
     tid = []

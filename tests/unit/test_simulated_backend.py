@@ -184,8 +184,6 @@ def test_a_bad_process_entry_is_a_backend_error(tmp_path, process):
         backend.processes()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: processes() reads the file twice and pairs "
-                   "the processes of one version with the UUIDs of another")
 def test_processes_come_from_one_reading_of_the_file(tmp_path, monkeypatch):
     from resourced.backends import simulated
 
