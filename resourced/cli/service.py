@@ -1,0 +1,209 @@
+"""gpuctl service enable/disable: install or remove the systemd unit and the bus files.
+
+``resourced.install`` decides what to write and run; this module does it, or prints it
+(``--dry-run``). Files are written atomically, then the commands run in order, stopping at
+the first failure. Where systemd is not running (a container, a chroot), the files are
+still written or removed but no command runs, and gpuctl exits with EXIT_NO_SYSTEMD so
+that a script does not go on as if the service were running.
+"""
+
+import os
+import pwd
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+from .. import install
+from ._errors import EXIT_FAILURE, EXIT_NO_SYSTEMD, GpuctlError
+
+# 9 is gpuctl's "still in use"; this belongs in _errors.py and the README's table.
+# sd_booted(): this directory exists exactly when systemd is the running init.
+SYSTEMD_RUNTIME = Path("/run/systemd/system")
+LINGER_DIR = Path("/var/lib/systemd/linger")
+
+
+def _mode_options(fn):
+    fn = click.option("--system", "system", is_flag=True,
+                      help="The system-wide service on the system bus (as root).")(fn)
+    fn = click.option("--user", "user", is_flag=True,
+                      help="The per-user service on your session bus.")(fn)
+    fn = click.option("--dry-run", is_flag=True,
+                      help="Print every file and command; change nothing.")(fn)
+    # Stage the files under DIR instead of /, and never run a command (tests, packaging).
+    return click.option("--root", type=click.Path(file_okay=False, path_type=Path),
+                        hidden=True)(fn)
+
+
+def _mode(user: bool, system: bool) -> str:
+    if user == system:
+        raise click.UsageError("choose one of --user or --system")
+    return install.USER if user else install.SYSTEM
+
+
+@click.group()
+def service():
+    """Install, enable or remove the systemd service.
+
+    --user installs resourced-user.service for you alone (one person per machine);
+    --system installs resourced.service, run by the 'resourced' account, for everyone.
+    Exit 10 means systemd is not running: the files were written or removed, but the
+    service was not started or stopped; the message says what to run later.
+
+    Example: gpuctl service enable --user --dry-run
+    """
+
+
+@service.command()
+@_mode_options
+@click.option("--config", type=click.Path(dir_okay=False), default=None,
+              help="The daemon's config file (default: the daemon's own for --user, "
+              f"{install.DEFAULT_SYSTEM_CONFIG} for --system).")
+def enable(user, system, dry_run, root, config):
+    """Install the unit and bus files for this Python, then enable and start the service.
+
+    The unit runs the interpreter that runs this command, so run it from the environment
+    resourced is installed in (for --system: one the 'resourced' account can read, such
+    as a virtualenv under /opt). Exit 10: systemd is not running, the files are written.
+
+    Example: sudo /opt/resourced/bin/gpuctl service enable --system
+    """
+    mode = _mode(user, system)
+    # Staged files are for another system: assume it has systemd-sysusers, as systemd does.
+    sysusers = root is not None or shutil.which("systemd-sysusers") is not None
+    plan = _plan(lambda: install.plan_enable(
+        mode, sys.executable, os.path.abspath(config) if config else None, root or "/",
+        sysusers=sysusers))
+    _carry_out(plan, dry_run=dry_run, staged=root is not None)
+    if mode == install.USER and not dry_run and root is None:
+        _note_lingering()
+
+
+@service.command()
+@_mode_options
+def disable(user, system, dry_run, root):
+    """Stop and disable the service, then remove the files that enable wrote.
+
+    The 'resourced' account and /var/lib/resourced stay. Exit 10: systemd is not running,
+    the files are removed.
+
+    Example: gpuctl service disable --user
+    """
+    mode = _mode(user, system)
+    _carry_out(_plan(lambda: install.plan_disable(mode, root or "/")),
+               dry_run=dry_run, staged=root is not None)
+
+
+def _plan(make) -> install.Plan:
+    try:
+        return make()
+    except install.InstallError as exc:
+        raise GpuctlError(str(exc)) from exc
+
+
+def _carry_out(plan: install.Plan, *, dry_run: bool, staged: bool) -> None:
+    for note in plan.notes:
+        click.echo(f"gpuctl: warning: {note}", err=True)
+    running = SYSTEMD_RUNTIME.is_dir()
+    if dry_run:
+        _print_plan(plan, running or staged)
+        return
+    if plan.mode == install.SYSTEM and not staged and os.geteuid() != 0:
+        raise GpuctlError("the system service is installed as root: run this with sudo")
+    if running and not staged and plan.unit_path.exists():  # nothing to stop if not installed
+        for cmd in plan.stop:
+            _run(cmd)
+    for f in plan.write:
+        _write(f)
+        click.echo(f"wrote {f.path}")
+    for path in plan.remove:
+        if _remove(path):
+            click.echo(f"removed {path}")
+    if staged:
+        click.echo(f"not run (--root): {_joined((*plan.stop, *plan.commands))}")
+        return
+    if not running:
+        change = "started (the files are written)" if plan.write else \
+            "stopped (the files are removed)"
+        raise GpuctlError(
+            f"systemd is not running (no {SYSTEMD_RUNTIME}), so {plan.unit} was not {change}; "
+            f"once it runs: {_joined(plan.commands)}",
+            EXIT_NO_SYSTEMD,
+        )
+    for cmd in plan.commands:
+        _run(cmd)
+    click.echo(f"{plan.unit} is {'enabled and running' if plan.write else 'disabled'}")
+
+
+def _joined(commands) -> str:
+    return " && ".join(shlex.join(cmd) for cmd in commands)
+
+
+def _print_plan(plan: install.Plan, would_run: bool) -> None:
+    for cmd in plan.stop:
+        click.echo(f"--- run: {shlex.join(cmd)}")
+    for f in plan.write:
+        click.echo(f"--- write {f.path} (mode {f.mode:04o})")
+        click.echo(f.content, nl=False)
+    for path in plan.remove:
+        click.echo(f"--- remove {path}")
+    for cmd in plan.commands:
+        click.echo(f"--- run: {shlex.join(cmd)}")
+    if not would_run:
+        click.echo(f"--- systemd is not running here (no {SYSTEMD_RUNTIME}): without --dry-run "
+                   f"the commands would not run (exit {EXIT_NO_SYSTEMD})")
+    click.echo("--- dry run: nothing was changed")
+
+
+def _write(f: install.FileToWrite) -> None:
+    """Write atomically: a temporary file beside the destination, then rename it over."""
+    try:
+        f.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=f.path.parent, prefix=f".{f.path.name}.")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(f.content)
+                out.flush()
+                os.fsync(out.fileno())
+            os.chmod(tmp, f.mode)
+            os.replace(tmp, f.path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as exc:
+        raise GpuctlError(f"cannot write {f.path}: {exc.strerror}") from exc
+
+
+def _remove(path: Path) -> bool:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise GpuctlError(f"cannot remove {path}: {exc.strerror}") from exc
+    return True
+
+
+def _run(cmd: install.Command) -> None:
+    """Run one command; its failure ends gpuctl with the command's last line of error."""
+    click.echo(f"running: {shlex.join(cmd)}")
+    try:
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    except OSError as exc:
+        raise GpuctlError(f"cannot run {cmd[0]}: {exc.strerror}") from exc
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        why = f": {lines[-1].strip()}" if lines else ""
+        raise GpuctlError(f"{shlex.join(cmd)} failed (exit {done.returncode}){why}", EXIT_FAILURE)
+
+
+def _note_lingering() -> None:
+    """A user service stops at logout unless lingering is on for the user."""
+    name = pwd.getpwuid(os.getuid()).pw_name
+    if SYSTEMD_RUNTIME.is_dir() and not (LINGER_DIR / name).exists():
+        click.echo(f"note: lingering is off, so the service stops when you log out; keep it "
+                   f"running with: sudo loginctl enable-linger {name}", err=True)

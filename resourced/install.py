@@ -1,0 +1,275 @@
+"""What `gpuctl service enable/disable` writes, removes and runs: a plan, made without side effects.
+
+The unit and bus files live in the source tree (``systemd/``, ``dbus/``; ``polkit/`` later)
+as templates. ``plan_enable`` fills in the interpreter and config path and says where each
+file goes; ``plan_disable`` is its inverse. Nothing here writes a file or runs a command:
+the CLI (``resourced.cli.service``) does, or prints the plan with ``--dry-run``.
+
+Every destination is given for the target system and prefixed with ``root`` (``/`` unless
+staging into a directory), while the commands always name the target's own paths, since
+they are meant to run there.
+"""
+
+import os
+import re
+import shlex
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+USER = "user"
+SYSTEM = "system"
+MODES = (USER, SYSTEM)
+
+SYSTEM_UNIT = "resourced.service"
+USER_UNIT = "resourced-user.service"
+DEFAULT_SYSTEM_CONFIG = "/etc/resourced/config.toml"
+ACCOUNT = "resourced"
+SYSUSERS_CONF = "/usr/lib/sysusers.d/resourced.conf"
+
+Command = tuple[str, ...]
+
+# How a value is written into a template: systemd's ExecStart= rules, or the shell-like
+# rules of a D-Bus service file's Exec=. Files without placeholders use PLAIN.
+UNIT, DBUS, PLAIN = "unit", "dbus", "plain"
+
+PLACEHOLDER = re.compile(r"@([A-Z][A-Z_]*)@")
+
+
+@dataclass(frozen=True)
+class Template:
+    source: str  # relative to the source tree
+    target: str  # absolute path on the target; user files start with $CONFIG or $DATA
+    syntax: str = PLAIN
+
+
+SYSTEM_FILES = (
+    Template("systemd/resourced.service", f"/etc/systemd/system/{SYSTEM_UNIT}", UNIT),
+    Template("dbus/org.resourced.conf", "/usr/share/dbus-1/system.d/org.resourced.conf"),
+    Template("dbus/org.resourced.service",
+             "/usr/share/dbus-1/system-services/org.resourced.service"),
+    Template("systemd/resourced.sysusers", SYSUSERS_CONF),
+)
+# The polkit action and rules files join the system install here when they exist:
+# polkit/org.resourced.policy -> /usr/share/polkit-1/actions/org.resourced.policy,
+# polkit/50-resourced.rules -> /usr/share/polkit-1/rules.d/50-resourced.rules.
+POLKIT_FILES: tuple[Template, ...] = ()
+
+USER_FILES = (
+    Template("systemd/resourced-user.service", f"$CONFIG/systemd/user/{USER_UNIT}", UNIT),
+    Template("dbus/org.resourced.session.service",
+             "$DATA/dbus-1/services/org.resourced.service", DBUS),
+)
+
+# Directories that ProtectHome=yes hides from the system service.
+_HIDDEN_FROM_SYSTEM_SERVICE = ("/home", "/root", "/run/user")
+_ELSEWHERE = {
+    "interpreter": "install resourced in a virtualenv under /opt and run this from there",
+    "config file": f"use a config file outside it, such as {DEFAULT_SYSTEM_CONFIG}",
+}
+
+# dbus-daemon notices new policy files by itself (inotify), but asynchronously, and
+# dbus-broker not at all; ReloadConfig is synchronous on both, so the policy is in force
+# before the unit starts and asks for the name.
+_RELOAD_BUS_POLICY: Command = (
+    "busctl", "call", "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
+    "ReloadConfig",
+)
+_USERADD = (
+    f"getent passwd {ACCOUNT} >/dev/null || useradd --system --user-group --home-dir / "
+    f"--no-create-home --shell /usr/sbin/nologin --comment 'resourced daemon' {ACCOUNT}"
+)
+
+
+class InstallError(Exception):
+    """The plan cannot be made: a bad path, or the templates are missing."""
+
+
+@dataclass(frozen=True)
+class FileToWrite:
+    path: Path
+    content: str
+    mode: int = 0o644
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to do, in this order: ``stop``, then ``write`` and ``remove``, then ``commands``."""
+
+    mode: str
+    unit: str  # the systemd unit's name
+    unit_path: Path  # where its file is (under root): present means installed
+    write: tuple[FileToWrite, ...] = ()
+    remove: tuple[Path, ...] = ()
+    stop: tuple[Command, ...] = ()  # while the unit file still exists (disable)
+    commands: tuple[Command, ...] = ()
+    notes: tuple[str, ...] = ()  # warnings for the person installing
+
+
+def plan_enable(
+    mode: str,
+    python: str,
+    config: str | None = None,
+    root: str | os.PathLike = "/",
+    *,
+    env: Mapping[str, str] | None = None,
+    sources: Path | None = None,
+    sysusers: bool = True,
+) -> Plan:
+    """The files and commands that install, enable and start the service.
+
+    ``python`` is the interpreter for ExecStart (normally ``sys.executable``: the unit runs
+    the environment resourced is installed in). ``config`` defaults to
+    /etc/resourced/config.toml for the system service and to none (the daemon's default)
+    for the user service. ``sysusers=False`` creates the account with useradd instead.
+    """
+    _check_mode(mode)
+    python = _absolute("interpreter", python)
+    if mode == SYSTEM:
+        config = _absolute("config file", config or DEFAULT_SYSTEM_CONFIG)
+        values = {"PYTHON": [python], "CONFIG": [config]}
+    else:
+        config = _absolute("config file", config) if config else None
+        values = {"PYTHON": [python], "CONFIG_OPTION": ["--config", config] if config else []}
+    sources = sources or source_dir()
+    files = tuple(
+        FileToWrite(_under(root, target), render(_read(sources, t.source), values, t.syntax))
+        for t, target in _targets(mode, env)
+    )
+    if mode == SYSTEM:
+        account = ("systemd-sysusers", SYSUSERS_CONF) if sysusers else ("sh", "-c", _USERADD)
+        commands = (account, _RELOAD_BUS_POLICY, ("systemctl", "daemon-reload"),
+                    ("systemctl", "enable", "--now", SYSTEM_UNIT))
+    else:
+        commands = (("systemctl", "--user", "daemon-reload"),
+                    ("systemctl", "--user", "enable", "--now", USER_UNIT))
+    # The unit file comes first in every file table.
+    return Plan(mode, _unit(mode), files[0].path, write=files, commands=commands,
+                notes=_notes(mode, python, config))
+
+
+def plan_disable(
+    mode: str, root: str | os.PathLike = "/", *, env: Mapping[str, str] | None = None
+) -> Plan:
+    """The inverse of ``plan_enable``: stop and disable the unit, then remove its files.
+
+    The service account and its state (/var/lib/resourced) stay, as a package's would.
+    """
+    _check_mode(mode)
+    paths = tuple(_under(root, target) for _, target in _targets(mode, env))
+    if mode == SYSTEM:
+        stop = (("systemctl", "disable", "--now", SYSTEM_UNIT),)
+        commands = (("systemctl", "daemon-reload"), _RELOAD_BUS_POLICY)
+    else:
+        stop = (("systemctl", "--user", "disable", "--now", USER_UNIT),)
+        commands = (("systemctl", "--user", "daemon-reload"),)
+    return Plan(mode, _unit(mode), paths[0], remove=paths, stop=stop, commands=commands)
+
+
+def render(text: str, values: Mapping[str, list[str]], syntax: str) -> str:
+    """``text`` with each ``@NAME@`` replaced by the words ``values[NAME]``, quoted for ``syntax``."""
+
+    def replace(match: re.Match) -> str:
+        name = match.group(1)
+        if syntax == PLAIN or name not in values:
+            raise InstallError(f"template placeholder @{name}@ has no value")
+        quote = _unit_word if syntax == UNIT else shlex.quote
+        return " ".join(quote(word) for word in values[name])
+
+    rendered = PLACEHOLDER.sub(replace, text)
+    # An empty value (no --config) would leave a trailing space behind.
+    return "".join(line.rstrip() + "\n" for line in rendered.splitlines())
+
+
+def source_dir() -> Path:
+    """The directory holding ``systemd/`` and ``dbus/``: the source tree resourced runs from.
+
+    A wheel does not carry them; ``<prefix>/share/resourced`` is where a packaged
+    install would put them.
+    """
+    candidates = (Path(__file__).resolve().parent.parent, Path(sys.prefix, "share", "resourced"))
+    for candidate in candidates:
+        if (candidate / SYSTEM_FILES[0].source).is_file():
+            return candidate
+    raise InstallError(
+        "cannot find the unit templates (systemd/, dbus/) in "
+        + " or ".join(str(c) for c in candidates)
+        + ": install resourced from its source tree (pip install -e)"
+    )
+
+
+def user_dirs(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """$XDG_CONFIG_HOME and $XDG_DATA_HOME, with the XDG defaults (relative values are ignored)."""
+    env = os.environ if env is None else env
+    home = env.get("HOME") or str(Path.home())
+    dirs = {"CONFIG": f"{home}/.config", "DATA": f"{home}/.local/share"}
+    for key, variable in (("CONFIG", "XDG_CONFIG_HOME"), ("DATA", "XDG_DATA_HOME")):
+        if env.get(variable, "").startswith("/"):
+            dirs[key] = env[variable]
+    return dirs
+
+
+def _targets(mode: str, env: Mapping[str, str] | None) -> list[tuple[Template, str]]:
+    if mode == SYSTEM:
+        return [(t, _target(t)) for t in (*SYSTEM_FILES, *POLKIT_FILES)]
+    dirs = user_dirs(env)
+    return [(t, _target(t, dirs)) for t in USER_FILES]
+
+
+def _target(template: Template, dirs: Mapping[str, str] | None = None) -> str:
+    head, sep, rest = template.target.partition("/")
+    if head.startswith("$"):
+        return dirs[head[1:]] + sep + rest
+    return template.target
+
+
+def _under(root: str | os.PathLike, target: str) -> Path:
+    return Path(root, target.lstrip("/"))
+
+
+def _read(sources: Path, name: str) -> str:
+    try:
+        return (sources / name).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InstallError(f"cannot read the template {sources / name}: {exc.strerror}") from exc
+
+
+def _unit(mode: str) -> str:
+    return SYSTEM_UNIT if mode == SYSTEM else USER_UNIT
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise InstallError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+
+
+def _absolute(what: str, path: str) -> str:
+    path = os.fspath(path)
+    if not os.path.isabs(path):
+        raise InstallError(f"the {what} path must be absolute: {path}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+        raise InstallError(f"the {what} path holds a control character: {path!r}")
+    return path
+
+
+def _unit_word(word: str) -> str:
+    """One word of a systemd command line: % and $ are specifiers and variables there."""
+    word = word.replace("%", "%%").replace("$", "$$")
+    if re.search(r"[\s\"'\\;]", word):
+        word = '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return word
+
+
+def _notes(mode: str, python: str, config: str | None) -> tuple[str, ...]:
+    if mode != SYSTEM:
+        return ()
+    notes = []
+    for what, path in (("interpreter", python), ("config file", config)):
+        hidden = [d for d in _HIDDEN_FROM_SYSTEM_SERVICE if path == d or path.startswith(d + "/")]
+        if hidden:
+            notes.append(
+                f"the {what} {path} is under {hidden[0]}, which the system service cannot "
+                f"see (ProtectHome=yes): {_ELSEWHERE[what]}, or the service will not start"
+            )
+    return tuple(notes)

@@ -1,0 +1,156 @@
+"""resourced.install: the plan that `gpuctl service enable/disable` carries out."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from resourced import install
+
+HOME_ENV = {"HOME": "/home/alice"}
+
+
+def _contents(plan: install.Plan) -> dict[Path, str]:
+    return {f.path: f.content for f in plan.write}
+
+
+def test_system_plan_fills_in_the_interpreter_and_config(tmp_path):
+    plan = install.plan_enable("system", sys.executable, "/etc/resourced/gpus.toml", tmp_path)
+
+    files = _contents(plan)
+    assert set(files) == {
+        tmp_path / "etc/systemd/system/resourced.service",
+        tmp_path / "usr/share/dbus-1/system.d/org.resourced.conf",
+        tmp_path / "usr/share/dbus-1/system-services/org.resourced.service",
+        tmp_path / "usr/lib/sysusers.d/resourced.conf",
+    }
+    unit = files[tmp_path / "etc/systemd/system/resourced.service"]
+    assert (f"\nExecStart={sys.executable} -m resourced.daemon --system "
+            "--config /etc/resourced/gpus.toml\n") in unit
+    assert plan.unit_path == tmp_path / "etc/systemd/system/resourced.service"
+    assert all(f.mode == 0o644 for f in plan.write)
+    assert plan.commands == (
+        ("systemd-sysusers", "/usr/lib/sysusers.d/resourced.conf"),
+        ("busctl", "call", "org.freedesktop.DBus", "/org/freedesktop/DBus",
+         "org.freedesktop.DBus", "ReloadConfig"),
+        ("systemctl", "daemon-reload"),
+        ("systemctl", "enable", "--now", "resourced.service"),
+    )
+    assert plan.stop == () and plan.remove == () and plan.notes == ()
+
+
+def test_system_config_defaults_to_etc():
+    plan = install.plan_enable("system", sys.executable, root="/")
+    assert "--config /etc/resourced/config.toml\n" in plan.write[0].content
+
+
+def test_user_plan_goes_to_the_users_xdg_directories(tmp_path):
+    plan = install.plan_enable("user", sys.executable, "/home/alice/gpus.toml", tmp_path,
+                               env=HOME_ENV)
+
+    files = _contents(plan)
+    unit_path = tmp_path / "home/alice/.config/systemd/user/resourced-user.service"
+    activation = tmp_path / "home/alice/.local/share/dbus-1/services/org.resourced.service"
+    assert set(files) == {unit_path, activation}
+    command = f"{sys.executable} -m resourced.daemon --session --config /home/alice/gpus.toml"
+    assert f"\nExecStart={command}\n" in files[unit_path]
+    assert f"\nExec={command}\n" in files[activation]
+    assert "\nSystemdService=resourced-user.service\n" in files[activation]
+    assert plan.commands == (
+        ("systemctl", "--user", "daemon-reload"),
+        ("systemctl", "--user", "enable", "--now", "resourced-user.service"),
+    )
+
+
+def test_user_plan_without_config_passes_none():
+    plan = install.plan_enable("user", sys.executable, env=HOME_ENV)
+    assert f"\nExecStart={sys.executable} -m resourced.daemon --session\n" in plan.write[0].content
+    assert f"\nExec={sys.executable} -m resourced.daemon --session\n" in plan.write[1].content
+
+
+def test_absolute_xdg_variables_win_and_relative_ones_are_ignored():
+    env = {**HOME_ENV, "XDG_CONFIG_HOME": "/cfg", "XDG_DATA_HOME": "relative/data"}
+    paths = [f.path for f in install.plan_enable("user", sys.executable, env=env).write]
+    assert paths == [Path("/cfg/systemd/user/resourced-user.service"),
+                     Path("/home/alice/.local/share/dbus-1/services/org.resourced.service")]
+
+
+@pytest.mark.parametrize("mode", ["user", "system"])
+def test_every_placeholder_is_filled_in(tmp_path, mode):
+    for config in (None, "/etc/resourced/config.toml"):
+        plan = install.plan_enable(mode, sys.executable, config, tmp_path, env=HOME_ENV)
+        for f in plan.write:
+            assert not install.PLACEHOLDER.search(f.content), f.path
+            assert f.content.endswith("\n") and " \n" not in f.content
+
+
+@pytest.mark.parametrize("mode", ["user", "system"])
+def test_disable_removes_exactly_what_enable_writes(tmp_path, mode):
+    enable = install.plan_enable(mode, sys.executable, root=tmp_path, env=HOME_ENV)
+    disable = install.plan_disable(mode, tmp_path, env=HOME_ENV)
+
+    assert disable.remove == tuple(f.path for f in enable.write)
+    assert disable.write == () and disable.unit_path == enable.unit_path
+    assert disable.unit == enable.unit
+    assert disable.stop == (("systemctl", *(["--user"] if mode == "user" else []), "disable",
+                             "--now", enable.unit),)
+    assert ("systemctl", *(["--user"] if mode == "user" else []), "daemon-reload") \
+        in disable.commands
+
+
+def test_paths_with_spaces_and_specifiers_are_quoted():
+    python = "/opt/my env/50%/$bin/python"
+    plan = install.plan_enable("user", python, "/etc/a b.toml", env=HOME_ENV)
+    unit, activation = (f.content for f in plan.write)
+    assert ('\nExecStart="/opt/my env/50%%/$$bin/python" -m resourced.daemon --session '
+            '--config "/etc/a b.toml"\n') in unit
+    assert ("\nExec='/opt/my env/50%/$bin/python' -m resourced.daemon --session "
+            "--config '/etc/a b.toml'\n") in activation
+
+
+def test_without_sysusers_the_account_comes_from_useradd():
+    plan = install.plan_enable("system", sys.executable, sysusers=False)
+    shell, flag, script = plan.commands[0]
+    assert (shell, flag) == ("sh", "-c")
+    assert script.startswith("getent passwd resourced >/dev/null || useradd --system")
+
+
+@pytest.mark.parametrize("python, config, hidden", [
+    ("/home/alice/venv/bin/python", "/etc/resourced/config.toml", ["interpreter"]),
+    ("/opt/resourced/bin/python", "/root/config.toml", ["config file"]),
+    ("/opt/resourced/bin/python", "/etc/resourced/config.toml", []),
+    ("/homeless/bin/python", "/run/user/1000/c.toml", ["config file"]),
+])
+def test_system_plan_warns_about_paths_the_service_cannot_see(python, config, hidden):
+    notes = install.plan_enable("system", python, config).notes
+    assert [what for what in ("interpreter", "config file")
+            if any(n.startswith(f"the {what} ") for n in notes)] == hidden
+    assert install.plan_enable("user", python, config, env=HOME_ENV).notes == ()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"mode": "both", "python": sys.executable}, "mode must be one of"),
+    ({"mode": "user", "python": "python3"}, "interpreter path must be absolute"),
+    ({"mode": "system", "python": sys.executable, "config": "c.toml"}, "must be absolute"),
+    ({"mode": "system", "python": "/usr/bin/py\nthon"}, "control character"),
+])
+def test_bad_input_is_refused(kwargs, message):
+    with pytest.raises(install.InstallError, match=message):
+        install.plan_enable(**kwargs)
+
+
+def test_a_missing_template_is_an_install_error(tmp_path):
+    with pytest.raises(install.InstallError, match="cannot read the template"):
+        install.plan_enable("system", sys.executable, sources=tmp_path)
+
+
+def test_render_refuses_unknown_placeholders():
+    with pytest.raises(install.InstallError, match="@NOPE@"):
+        install.render("X=@NOPE@\n", {"PYTHON": ["/p"]}, install.UNIT)
+    with pytest.raises(install.InstallError, match="@PYTHON@"):
+        install.render("X=@PYTHON@\n", {"PYTHON": ["/p"]}, install.PLAIN)
+
+
+def test_the_templates_are_found_in_the_source_tree():
+    root = Path(__file__).resolve().parents[2]
+    assert install.source_dir() == root
