@@ -104,7 +104,8 @@ class _Base:
             "gpu_indices": list(grant["GPUIndices"][1]),
             "pci_indices": list(grant["PCIIndices"][1]),
         }
-        return {"allocation": allocation, "env": claim_env(allocation, use_index)}
+        return {"allocation": allocation, "env": claim_env(allocation, use_index),
+                "warnings": list(grant["Warnings"][1])}
 
     @staticmethod
     def _find_allocation(status: dict, ref: str, use_index: bool) -> dict:
@@ -113,6 +114,13 @@ class _Base:
                 allocation = {"ref": ref, **{k: c[k] for k in _ALLOCATION_KEYS}}
                 return {"allocation": allocation, "env": claim_env(allocation, use_index)}
         raise NoSuchClaim(f"no claim {ref!r} (unknown or already released)")
+
+    def _release_gpu_message(self, gpu: str, reason: str):
+        return self._call("ReleaseGPU", "ss", (gpu, reason))
+
+    @staticmethod
+    def _decode_verify(body: tuple) -> list[dict]:
+        return [_plain(report) for report in body[0]]
 
     @staticmethod
     def _unreachable(bus: str, exc: Exception) -> DaemonUnreachable:
@@ -164,8 +172,21 @@ class Client(_Base):
         msg = self._claim_message(mode, gpus, owner_pid, label, task_name)
         return self._decode_claim(self._send(msg), use_index)
 
-    def release(self, ref: str, force: bool = False) -> None:
-        self._send(self._release_message(ref, force))
+    def release(self, ref: str, force: bool = False) -> list[str]:
+        """Release a claim; returns warnings (e.g. the GPUs could not be checked).
+
+        Raises ``StillInUse`` while the claim's processes still use its GPUs, unless forced.
+        """
+        return list(self._send(self._release_message(ref, force))[0])
+
+    def release_gpu(self, gpu: str, reason: str) -> str:
+        """Force-release whatever claim holds ``gpu`` (alias, index or UUID); returns its ref."""
+        return self._send(self._release_gpu_message(gpu, reason))[0]
+
+    def verify(self) -> list[dict]:
+        """Per GPU: Status (OK, IDLE CLAIM, UNCLAIMED USE, FOREIGN PROCESS, MISSING, UNKNOWN),
+        Claim, Processes (Pid, User, Command, Claim, Ambiguous, ...)."""
+        return self._decode_verify(self._send(self._call("Verify")))
 
     def status(self) -> dict:
         """The daemon's whole view: GPUs, claims, backend."""
@@ -241,8 +262,14 @@ class AsyncClient(_Base):
         msg = self._claim_message(mode, gpus, owner_pid, label, task_name)
         return self._decode_claim(await self._send(msg), use_index)
 
-    async def release(self, ref: str, force: bool = False) -> None:
-        await self._send(self._release_message(ref, force))
+    async def release(self, ref: str, force: bool = False) -> list[str]:
+        return list((await self._send(self._release_message(ref, force)))[0])
+
+    async def release_gpu(self, gpu: str, reason: str) -> str:
+        return (await self._send(self._release_gpu_message(gpu, reason)))[0]
+
+    async def verify(self) -> list[dict]:
+        return self._decode_verify(await self._send(self._call("Verify")))
 
     async def status(self) -> dict:
         return json.loads((await self._send(self._call("Describe")))[0])
@@ -266,3 +293,14 @@ class AsyncClient(_Base):
 
     async def __aexit__(self, *exc):
         await self.close()
+
+
+def _plain(value):
+    """jeepney's (signature, value) variants, unwrapped all the way down."""
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):
+        return _plain(value[1])
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from dbus_fast import BusType, Message, MessageType, NameFlag, RequestNameReply
@@ -23,10 +24,11 @@ from .backends import select_backend
 from .bus.caller import remember_call
 from .bus.manager import ManagerInterface
 from .bus.names import BUS_NAME
+from .config import Config, ConfigError, find_config, load_config, reload_changes
 from .engine import Engine
 from .evidence.processes import boot_id
-from .sd import notify, run_watchdog, setup_logging, watchdog_interval
-from .store import ClaimStore, StoreError
+from .sd import notify, reloading, run_watchdog, setup_logging, watchdog_interval
+from .store import ClaimStore, StoreBusy, StoreError
 
 log = logging.getLogger("resourced")
 
@@ -59,10 +61,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def runtime_dir(mode: str, environ=os.environ) -> Path:
-    """Where live claims are kept: $RESOURCED_RUNTIME_DIR, else per mode."""
+def runtime_dir(mode: str, configured: str, environ=os.environ) -> Path:
+    """Where live claims are kept: $RESOURCED_RUNTIME_DIR, the config's, else per mode."""
     if environ.get("RESOURCED_RUNTIME_DIR"):
         return Path(environ["RESOURCED_RUNTIME_DIR"])
+    if configured:
+        return Path(configured)
     if mode == "system":
         return Path("/run/resourced")
     if not environ.get("XDG_RUNTIME_DIR"):
@@ -77,40 +81,114 @@ def status_line(engine: Engine) -> str:
             f"{len(ledger.claims)} claim(s)")
 
 
+class Reloader:
+    """Re-reads the configuration file and applies what needs no restart."""
+
+    def __init__(self, path: Path | None, config: Config, engine: Engine):
+        self.path = path
+        self.config = config
+        self.engine = engine
+
+    def reload(self) -> tuple[list[str], list[str]]:
+        """(keys applied, keys that need a restart); ConfigError keeps the old config."""
+        reloading()
+        try:
+            new = load_config(self.path)
+        except ConfigError as exc:
+            log.error("reload refused, keeping the running configuration: %s", exc)
+            raise
+        finally:
+            notify("READY=1")
+        applied, restart = reload_changes(self.config, new)
+        self.engine.apply_settings(new.daemon)
+        self.config = new
+        log.info("configuration reloaded from %s; applied: %s; needs a restart: %s",
+                 self.path or "defaults", ", ".join(applied) or "nothing",
+                 ", ".join(restart) or "nothing")
+        return applied, restart
+
+
+def load_startup_config(args: argparse.Namespace) -> tuple[Path | None, Config]:
+    try:
+        path = find_config(args.config, os.environ, system=args.mode == "system")
+        return path, load_config(path)
+    except ConfigError as exc:
+        raise StartupError(str(exc), EXIT_USAGE) from exc
+
+
+NAME_TAKEN_MESSAGE = ("{name} is already owned on the {mode} bus: another resourced is running "
+                      "(stop it, or start this one with --replace)")
+REPLACE_WAIT = 10.0
+
+
+async def take_name(bus, mode: str, replace: bool) -> None:
+    flags = NameFlag.DO_NOT_QUEUE | NameFlag.ALLOW_REPLACEMENT
+    if replace:
+        flags |= NameFlag.REPLACE_EXISTING
+    reply = await bus.request_name(BUS_NAME, flags)
+    if reply not in (RequestNameReply.PRIMARY_OWNER, RequestNameReply.ALREADY_OWNER):
+        raise StartupError(NAME_TAKEN_MESSAGE.format(name=BUS_NAME, mode=mode), EXIT_NAME_TAKEN)
+
+
+async def open_store(path: Path, wait: float) -> ClaimStore:
+    """Lock the runtime directory, waiting up to ``wait`` seconds for a previous daemon."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return ClaimStore(path, boot_id())
+        except StoreBusy:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
 async def serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
-    try:
-        store = ClaimStore(runtime_dir(args.mode), boot_id())
-        restored = store.load()
-    except StoreError as exc:
-        raise StartupError(str(exc), EXIT_NAME_TAKEN) from exc
-    engine = Engine(select_backend(), store)
-    await engine.start(restored)
-
+    config_path, config = load_startup_config(args)
     bus_type = BusType.SYSTEM if args.mode == "system" else BusType.SESSION
     try:
         bus = await MessageBus(bus_type=bus_type).connect()
     except (OSError, ValueError) as exc:
         raise StartupError(f"cannot connect to the {args.mode} bus: {exc}") from exc
-    bus.add_message_handler(remember_call)
-    manager = ManagerInterface(bus, engine, args.mode)
-    manager.export()
-
     stop = asyncio.Event()
+    bus.add_message_handler(remember_call)
     bus.add_message_handler(_name_lost_watcher(stop))
-    flags = NameFlag.DO_NOT_QUEUE | NameFlag.ALLOW_REPLACEMENT
-    if args.replace:
-        flags |= NameFlag.REPLACE_EXISTING
-    reply = await bus.request_name(BUS_NAME, flags)
-    if reply not in (RequestNameReply.PRIMARY_OWNER, RequestNameReply.ALREADY_OWNER):
+    try:
+        # --replace takes the name first, so the old daemon exits and frees the directory;
+        # otherwise the name is taken last, once the API is complete.
+        if args.replace:
+            await take_name(bus, args.mode, replace=True)
+        try:
+            store = await open_store(runtime_dir(args.mode, config.daemon.runtime_dir),
+                                     REPLACE_WAIT if args.replace else 0)
+        except StoreBusy as exc:
+            if await _name_owned(bus):
+                raise StartupError(NAME_TAKEN_MESSAGE.format(name=BUS_NAME, mode=args.mode),
+                                   EXIT_NAME_TAKEN) from exc
+            raise StartupError(str(exc), EXIT_NAME_TAKEN) from exc
+        except StoreError as exc:
+            raise StartupError(str(exc), EXIT_FAILURE) from exc
+    except StartupError:
         bus.disconnect()
-        raise StartupError(
-            f"{BUS_NAME} is already owned on the {args.mode} bus: another resourced is "
-            "running (stop it, or start this one with --replace)",
-            EXIT_NAME_TAKEN,
-        )
+        raise
+    restored = store.load() if config.daemon.persist else {}
+    engine = Engine(select_backend(), store if config.daemon.persist else None,
+                    config.daemon, config.gpus)
+    await engine.start(restored)
+    reloader = Reloader(config_path, config, engine)
+    manager = ManagerInterface(bus, engine, args.mode, reloader.reload)
+    manager.export()
+    if not args.replace:
+        try:
+            await take_name(bus, args.mode, replace=False)
+        except StartupError:
+            engine.close()
+            store.close()
+            bus.disconnect()
+            raise
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, _reload_quietly, reloader)
     log.info(
         "resourced %s serving %d GPU(s) (%s backend) on the %s bus",
         __version__, len(engine.ledger.gpus), engine.backend.name, args.mode,
@@ -137,6 +215,19 @@ async def serve(args: argparse.Namespace) -> int:
     with contextlib.suppress(EOFError, OSError):
         await disconnected
     return EXIT_OK
+
+
+async def _name_owned(bus) -> bool:
+    reply = await bus.call(Message(destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
+                                   interface="org.freedesktop.DBus", member="NameHasOwner",
+                                   signature="s", body=[BUS_NAME]))
+    return reply.message_type is MessageType.METHOD_RETURN and reply.body[0]
+
+
+def _reload_quietly(reloader: Reloader) -> None:
+    """SIGHUP: reload; a bad file is logged (by reload) and the running config kept."""
+    with contextlib.suppress(ConfigError):
+        reloader.reload()
 
 
 def _name_lost_watcher(stop: asyncio.Event):

@@ -1,9 +1,16 @@
-"""The engine: the ledger plus the edges it needs (GPU backend, process facts, liveness).
+"""The engine: the ledger plus the edges it needs (GPU backend, process table, liveness).
 
 It knows nothing of D-Bus.  The bus adapter hands it a ``Caller`` and plain arguments,
-and subscribes to the events it publishes.  Blocking work (the GPU backend, user-name
-lookups) runs in a thread with a deadline before a decision; the decision itself is one
-synchronous call into the ledger, so it never interleaves with another caller's.
+and subscribes to the events it publishes.  Blocking work (the GPU backend, /proc, user
+names) runs in threads with deadlines *before* a decision; the decision itself is one
+synchronous call into the ledger, so it never interleaves with another caller's, and
+whatever was awaited is re-validated against the ledger afterwards.
+
+Evidence (what really runs on the GPUs) is gathered at claim time (a free GPU running a
+process nobody claimed is not granted), at release time (a release is refused while the
+claim's own processes still use its GPUs), for ``verify``, and by a tracking sweep that,
+while claims exist, adopts the descendants of each claim's processes as its members so a
+worker re-parented to init stays known.  Owners and members are watched through pidfds.
 """
 
 import asyncio
@@ -16,17 +23,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .backends import Backend, NoGpus
-from .core.claims import Claim, ClaimRequest
+from .config import DaemonConfig, GpuEntry
+from .core.attribution import attribute, descendants, owners_by_process
+from .core.claims import Claim, ClaimRequest, ProcessRef
 from .core.inventory import Gpu
 from .core.ledger import ClaimGranted, ClaimReleased, Event, Ledger, OwnerDied
-from .errors import Internal, InvalidRequest, NotClaimOwner, NotProcessOwner, ResourcedError
+from .core.verify import GpuReport, SeenProcess, verify
+from .errors import (
+    Internal, InvalidRequest, NoSuchClaim, NotClaimOwner, NotProcessOwner, ResourcedError,
+    StillInUse,
+)
+from .evidence.gpuprobe import GpuEvidence, GpuProbe
 from .evidence.liveness import ExitWatcher
 from .evidence.processes import process_ref, process_uid
+from .evidence.proctable import command_line, read_table, user_name
 from .sd import audit
 
 log = logging.getLogger("resourced")
 
 ID_ALPHABET = string.ascii_lowercase + string.digits
+TRACK_INTERVAL = 1.0
+"""Seconds between tracking sweeps while claims exist (none run while there are none)."""
 
 
 @dataclass(frozen=True)
@@ -42,59 +59,87 @@ def wall_clock_usec() -> int:
     return time.time_ns() // 1000
 
 
+def managed_gpus(present: list[Gpu], configured: tuple[GpuEntry, ...]) -> tuple[list[Gpu], list[GpuEntry]]:
+    """The GPUs to manage (all present ones, or only the configured ones when any are
+    listed, with their aliases) and the configured ones that are not present."""
+    if not configured:
+        return present, []
+    by_uuid = {g.uuid: g for g in present}
+    managed, missing = [], []
+    for entry in configured:
+        gpu = by_uuid.get(entry.uuid)
+        if gpu is None:
+            missing.append(entry)
+            continue
+        managed.append(Gpu(gpu.index, gpu.uuid, gpu.name, gpu.memory_bytes, gpu.pci_bus_id,
+                           entry.alias or ""))
+    return managed, missing
+
+
 class Engine:
-    def __init__(self, backend: Backend, store=None, probe_timeout: float = 10.0,
-                 clock=wall_clock_usec):
+    def __init__(self, backend: Backend, store=None, settings: DaemonConfig = DaemonConfig(),
+                 configured: tuple[GpuEntry, ...] = (), clock=wall_clock_usec):
         self.backend = backend
         self.store = store  # a ClaimStore, or None to keep claims in memory only
-        self.probe_timeout = probe_timeout
+        self.settings = settings
+        self.configured = configured
         self.clock = clock
         self.ledger = Ledger([])
+        self.present: list[Gpu] = []  # every GPU the backend reports, managed or not
+        self.missing: list[GpuEntry] = []
         self.backend_note = getattr(backend, "reason", "")
+        self.probe = GpuProbe(backend, settings.probe_timeout)
         self._listeners: list[Callable[[list[Event]], None]] = []
         self._watcher: ExitWatcher | None = None
+        self._tracker: asyncio.Task | None = None
         self._user_names: dict[int, str] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self, restored: dict[str, Claim] | None = None) -> None:
-        """Read the inventory (off the loop, with a deadline), take back ``restored`` claims
-        from before a restart, and watch their owners (dead ones are handled at once)."""
+        """Read the inventory, take back ``restored`` claims from before a restart, and
+        watch their processes (owners that died meanwhile are handled at once)."""
         loop = asyncio.get_running_loop()
-        self._watcher = ExitWatcher(loop, self._owner_exited)
+        self._watcher = ExitWatcher(loop, self._process_exited)
         try:
-            gpus = await self._blocking(self.backend.inventory)
+            self.present = await self._off_loop(self.backend.inventory)
         except Exception as exc:  # noqa: BLE001 - any backend failure leaves us GPU-less
             self.backend_note = f"{self.backend.name} backend failed: {exc}"
             self.backend = NoGpus(self.backend_note)
-            gpus = []
+            self.probe = GpuProbe(self.backend, self.settings.probe_timeout)
+            self.present = []
+        gpus, self.missing = managed_gpus(self.present, self.configured)
         self.ledger = Ledger(gpus)
         if not gpus:
             log.warning("no GPUs to manage: %s", self.backend_note or "the backend lists none")
+        for entry in self.missing:
+            log.warning("configured GPU %s is not present", entry.uuid)
         for claim, why in self.ledger.restore((restored or {}).values()):
             log.error("dropping restored claim %s: %s", claim.id, why)
         for claim in list(self.ledger.claims.values()):
-            if claim.owner_alive and not self._watcher.watch(claim.id, claim.owner):
-                self._commit(self.ledger.owner_died(claim.id))
+            self._watch_claim(claim)
         if self.ledger.claims:
             log.info("restored %d claim(s)", len(self.ledger.claims))
+        self._tracker = asyncio.ensure_future(self._track())
 
     def close(self) -> None:
+        if self._tracker:
+            self._tracker.cancel()
         if self._watcher:
             self._watcher.close()
+        self.probe.close()
+
+    def apply_settings(self, settings: DaemonConfig) -> None:
+        """Take new [daemon] settings on a reload (those that need no restart)."""
+        self.settings = settings
+        self.probe.timeout = settings.probe_timeout
 
     def subscribe(self, listener: Callable[[list[Event]], None]) -> None:
         self._listeners.append(listener)
 
     # -- operations --------------------------------------------------------------------
-    async def claim(
-        self,
-        caller: Caller,
-        gpus: int,
-        mode: str,
-        owner_pid: int | None = None,
-        label: str = "",
-        task_name: str = "",
-    ) -> Claim:
+    async def claim(self, caller: Caller, gpus: int, mode: str, owner_pid: int | None = None,
+                    label: str = "", task_name: str = "") -> tuple[Claim, list[str]]:
+        """Grant GPUs, all or nothing; returns the claim and any warnings."""
         pid = caller.pid if owner_pid is None else owner_pid
         owner = process_ref(pid)
         if owner is None:
@@ -102,30 +147,71 @@ class Engine:
         if caller.uid != 0 and process_uid(pid) != caller.uid:
             raise NotProcessOwner(f"process {pid} does not belong to uid {caller.uid}")
         user = await self._user_name(caller.uid)
-        request = ClaimRequest(
-            gpus=gpus, mode=mode, owner=owner, uid=caller.uid, user=user,
-            label=label, task_name=task_name,
-        )
-        # The decision: synchronous from here on.
+        request = ClaimRequest(gpus=gpus, mode=mode, owner=owner, uid=caller.uid, user=user,
+                               label=label, task_name=task_name)
+        evidence = await self.probe.processes()
+        busy, warnings = self._busy_gpus(evidence)
+        # The decision: synchronous from here on, on the ledger as it is now.
         try:
-            events = self.ledger.grant(request, self._new_id(), self.clock())
+            events = self.ledger.grant(request, self._new_id(), self.clock(), busy)
         except ResourcedError as exc:
             audit(f"refused {gpus} GPU(s) to uid {caller.uid}: {exc.message}", priority=4,
-                  uid=caller.uid, refusal=exc.code)
+                  uid=caller.uid, event="refused", refusal=exc.code)
             raise
         claim = events[0].claim
         self._commit(events, undo=lambda: self.ledger.release(claim.id))
-        if not self._watcher.watch(claim.id, claim.owner):
-            self._commit(self.ledger.owner_died(claim.id))
-        return claim
+        self._watch_claim(claim)
+        return claim, warnings
 
-    def release(self, caller: Caller, claim_id: str) -> Claim:
-        claim = self.ledger.get(claim_id)
-        if caller.uid not in (0, claim.uid):
-            raise NotClaimOwner(f"claim {claim_id} belongs to {claim.user or claim.uid}")
-        self._watcher.forget(claim_id)
-        self._commit(self.ledger.release(claim_id))
-        return claim
+    async def release(self, caller: Caller, claim_id: str, force: bool = False,
+                      reason: str = "") -> list[str]:
+        """End a claim; refused while its processes still use its GPUs unless ``force``."""
+        self._check_owner(caller, self.ledger.get(claim_id))
+        warnings = []
+        if not force:
+            evidence = await self.probe.processes()
+            table = await self._off_loop(read_table)
+            claim = self._check_owner(caller, self.ledger.get(claim_id))  # re-validate
+            if evidence.known:
+                in_use = self._claim_processes_on_gpus(claim, evidence, table)
+                if in_use:
+                    listed = ", ".join(f"pid {pid} ({command_line(pid) or '?'})" for pid in in_use)
+                    raise StillInUse(f"claim {claim_id} still has processes on its GPUs: {listed}; "
+                                     "stop them, or release with --force")
+            else:
+                warnings.append(f"released without checking the GPUs: {evidence.reason}")
+        self._end(claim_id, "forced" if force else "released", caller, reason)
+        return warnings
+
+    async def release_gpu(self, caller: Caller, gpu_name: str, reason: str) -> str:
+        """Force-release whatever claim holds a GPU (recovery); returns the claim's id."""
+        gpu = self.ledger.gpu_by_name(gpu_name)
+        holder = self.ledger.holder(gpu.uuid)
+        if holder is None:
+            raise NoSuchClaim(f"{gpu.label} is not claimed")
+        await self.release(caller, holder.id, force=True, reason=reason)
+        return holder.id
+
+    async def verify(self) -> list[GpuReport]:
+        """Compare the claims with the compute processes the driver reports on each GPU."""
+        evidence = await self.probe.processes()
+        pids = [p.pid for procs in (evidence.processes or {}).values() for p in procs]
+        table, details = await self._off_loop(_observe, pids)
+        self._adopt(table)
+        owned = owners_by_process(table, self.ledger.claims.values())
+        seen = None
+        if evidence.known:
+            seen = {}
+            for uuid, procs in evidence.processes.items():
+                seen[uuid] = []
+                for p in procs:
+                    who = attribute(p.pid, table, owned)
+                    uid, user, command = details.get(p.pid, (-1, "", ""))
+                    seen[uuid].append(SeenProcess(p.pid, p.used_memory_bytes, uid, user, command,
+                                                  who.claim_id, who.ambiguous))
+        missing = [(e.uuid, e.alias or "", e.index if e.index is not None else -1)
+                   for e in self.missing]
+        return verify(self.ledger, seen, evidence.reason, missing)
 
     # -- views -------------------------------------------------------------------------
     def gpu_state(self, gpu: Gpu) -> str:
@@ -134,15 +220,116 @@ class Engine:
     def free_count(self) -> int:
         return len(self.ledger.free_gpus())
 
+    # -- evidence ----------------------------------------------------------------------
+    def _busy_gpus(self, evidence: GpuEvidence) -> tuple[frozenset[str], list[str]]:
+        """Free GPUs that must not be granted (a process nobody claimed runs there, or the
+        driver does not report them), and warnings when the driver could not be asked."""
+        if not evidence.known:
+            log.warning("claim check skipped: %s", evidence.reason)
+            return frozenset(), [f"granted without checking the GPUs: {evidence.reason}"]
+        busy = set()
+        for gpu in self.ledger.free_gpus():
+            procs = evidence.processes.get(gpu.uuid)
+            if procs is None or procs:
+                busy.add(gpu.uuid)
+                what = ("not reported by the driver" if procs is None else
+                        "pids " + ", ".join(str(p.pid) for p in procs))
+                log.warning("%s is unclaimed but busy (%s); not granting it", gpu.label, what)
+        return frozenset(busy), []
+
+    @staticmethod
+    def _claim_processes_on_gpus(claim: Claim, evidence: GpuEvidence, table) -> list[int]:
+        owned = owners_by_process(table, [claim])
+        return sorted({
+            p.pid for uuid in claim.gpus for p in evidence.processes.get(uuid, [])
+            if attribute(p.pid, table, owned).claim_id == claim.id
+        })
+
+    async def _track(self) -> None:
+        """While claims exist, adopt descendants and release claims of long-dead owners."""
+        while True:
+            await asyncio.sleep(TRACK_INTERVAL)
+            if not self.ledger.claims:
+                continue
+            try:
+                table = await self._off_loop(read_table)
+                self._adopt(table)
+                await self._release_dead_owners()
+            except Exception:  # noqa: BLE001 - a failed sweep must not end tracking
+                log.exception("tracking sweep failed")
+
+    def _adopt(self, table) -> None:
+        for claim in list(self.ledger.claims.values()):
+            new = descendants(table, claim.processes()) - claim.members - {claim.owner}
+            if new:
+                self._commit(self.ledger.add_members(claim.id, new))
+                for ref in new:
+                    self._watch(claim.id, ref)
+
+    async def _release_dead_owners(self) -> None:
+        grace_usec = int(self.settings.dead_owner_grace * 1e6)
+        due = self.ledger.dead_owner_claims(self.clock(), grace_usec)
+        if not due:
+            return
+        evidence = await self.probe.processes()
+        if not evidence.known:
+            return  # no trustworthy evidence: keep the claims
+        table = await self._off_loop(read_table)
+        for claim in due:
+            if claim.id in self.ledger.claims and not self._claim_processes_on_gpus(claim, evidence, table):
+                self._end(claim.id, "dead-owner", None,
+                          f"owner {claim.owner.pid} dead for {self.settings.dead_owner_grace:g} s")
+
+    # -- liveness ----------------------------------------------------------------------
+    def _watch_claim(self, claim: Claim) -> None:
+        if claim.owner_alive:
+            self._watch(claim.id, claim.owner)
+        for ref in claim.members:
+            self._watch(claim.id, ref)
+
+    def _watch(self, claim_id: str, ref: ProcessRef) -> None:
+        if not self._watcher.watch((claim_id, ref), ref):
+            self._process_exited((claim_id, ref))
+
+    def _process_exited(self, key: tuple[str, ProcessRef]) -> None:
+        claim_id, ref = key
+        claim = self.ledger.claims.get(claim_id)
+        if claim is None:
+            return
+        if ref == claim.owner:
+            self._commit(self.ledger.owner_died(claim_id, self.clock()))
+        else:
+            self._commit(self.ledger.member_exited(claim_id, ref))
+        if claim_id not in self.ledger.claims:
+            self._forget(claim)
+
+    def _forget(self, claim: Claim) -> None:
+        for ref in claim.members | {claim.owner}:
+            self._watcher.forget((claim.id, ref))
+
     # -- internals ---------------------------------------------------------------------
+    @staticmethod
+    def _check_owner(caller: Caller, claim: Claim) -> Claim:
+        if caller.uid not in (0, claim.uid):
+            raise NotClaimOwner(f"claim {claim.id} belongs to {claim.user or claim.uid}")
+        return claim
+
+    def _end(self, claim_id: str, how: str, caller: Caller | None, reason: str) -> None:
+        claim = self.ledger.get(claim_id)
+        self._forget(claim)
+        events = self.ledger.release(claim_id, how)
+        if reason or how == "forced":
+            who = f"uid {caller.uid}" if caller else "resourced"
+            audit(f"{how} release of {claim_id} by {who}: {reason or 'no reason given'}",
+                  priority=4, claim=claim_id, uid=claim.uid, gpu=",".join(claim.gpus),
+                  event=f"{how}-release", reason=reason)
+        self._commit(events)
+
     def _new_id(self) -> str:
         while True:
             claim_id = "c" + "".join(secrets.choice(ID_ALPHABET) for _ in range(6))
             if claim_id not in self.ledger.claims:
                 return claim_id
-
-    def _owner_exited(self, claim_id: str) -> None:
-        self._commit(self.ledger.owner_died(claim_id))
 
     def _commit(self, events: list[Event], undo=None) -> None:
         """Persist ``events`` (before anyone hears of them), then audit and publish them.
@@ -150,7 +337,9 @@ class Engine:
         If they cannot be persisted and ``undo`` is given, the change is undone and the
         caller gets an error: nothing is acknowledged that a restart would forget.
         """
-        if self.store is not None and events:
+        if not events:
+            return
+        if self.store is not None:
             try:
                 self.store.record(events, self.ledger.claims)
             except OSError as exc:
@@ -174,19 +363,31 @@ class Engine:
             audit(f"released {c.id} ({event.reason}): {gpus}",
                   claim=c.id, uid=c.uid, gpu=gpus, event="released", reason=event.reason)
         elif isinstance(event, OwnerDied):
-            audit(f"owner {c.owner.pid} of {c.id} exited; the claim stays until released",
-                  claim=c.id, uid=c.uid, gpu=gpus, event="owner-died")
+            audit(f"owner {c.owner.pid} of {c.id} exited", claim=c.id, uid=c.uid, gpu=gpus,
+                  event="owner-died")
 
-    async def _blocking(self, fn, *args):
+    async def _off_loop(self, fn, *args):
         """Run a blocking call in a thread; give up waiting after ``probe_timeout``."""
         loop = asyncio.get_running_loop()
-        return await asyncio.wait_for(loop.run_in_executor(None, fn, *args), self.probe_timeout)
+        return await asyncio.wait_for(loop.run_in_executor(None, fn, *args),
+                                      self.settings.probe_timeout)
 
     async def _user_name(self, uid: int) -> str:
         if uid not in self._user_names:
             try:
-                entry = await self._blocking(pwd.getpwuid, uid)
+                entry = await self._off_loop(pwd.getpwuid, uid)
                 self._user_names[uid] = entry.pw_name
             except (KeyError, asyncio.TimeoutError):
                 return str(uid)
         return self._user_names[uid]
+
+
+def _observe(pids: list[int]):
+    """The process table, and (uid, user, command) for each of ``pids`` (blocking)."""
+    table = read_table()
+    details = {}
+    for pid in pids:
+        info = table.get(pid)
+        uid = info.uid if info else -1
+        details[pid] = (uid, user_name(uid), command_line(pid))
+    return table, details

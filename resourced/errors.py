@@ -7,6 +7,7 @@
     ├── NoSuchClaim                 unknown or stale claim reference
     ├── NotProcessOwner             an owner pid of another user
     ├── NotClaimOwner               touching another user's claim
+    ├── StillInUse                  a release while the claim's processes still use its GPUs
     ├── AccessDenied                the bus or polkit said no
     ├── DaemonUnreachable           nobody owns org.resourced (client side only)
     └── Internal                    anything unexpected; details are in the daemon's log
@@ -73,6 +74,12 @@ class NotClaimOwner(ResourcedError):
     code = "NotClaimOwner"
 
 
+class StillInUse(ResourcedError):
+    """The claim's processes still run on its GPUs; release with FORCE to override."""
+
+    code = "StillInUse"
+
+
 class AccessDenied(ResourcedError):
     """The bus policy or polkit refused the call."""
 
@@ -99,6 +106,7 @@ ALL_ERRORS: tuple[type[ResourcedError], ...] = (
     NoSuchClaim,
     NotProcessOwner,
     NotClaimOwner,
+    StillInUse,
     AccessDenied,
     DaemonUnreachable,
     Internal,

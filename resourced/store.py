@@ -26,7 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .core.claims import Claim, ProcessRef
-from .core.ledger import ClaimGranted, ClaimReleased, Event, OwnerDied
+from .core.ledger import ClaimGranted, ClaimReleased, Event, MembersChanged, OwnerDied
 
 log = logging.getLogger("resourced")
 
@@ -37,16 +37,26 @@ COMPACT_SLACK = 256
 
 
 class StoreError(Exception):
-    """The runtime directory cannot be used (symlink, taken by another daemon, unwritable)."""
+    """The runtime directory cannot be used (symlink, foreign owner, unwritable)."""
+
+
+class StoreBusy(StoreError):
+    """Another daemon holds the runtime directory's lock."""
 
 
 def claim_to_record(claim: Claim) -> dict:
-    return asdict(claim)
+    record = asdict(claim)
+    record["members"] = sorted([m.pid, m.start_time] for m in claim.members)
+    return record
 
 
 def claim_from_record(data: dict) -> Claim:
-    owner = ProcessRef(**data["owner"])
-    return Claim(**{**data, "owner": owner, "gpus": tuple(data["gpus"])})
+    return Claim(**{
+        **data,
+        "owner": ProcessRef(**data["owner"]),
+        "gpus": tuple(data["gpus"]),
+        "members": frozenset(ProcessRef(pid, start) for pid, start in data.get("members", [])),
+    })
 
 
 def prepare_runtime_dir(path: Path) -> Path:
@@ -82,7 +92,7 @@ class ClaimStore:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise StoreError(f"another resourced is using runtime directory {self.dir}") from None
+            raise StoreBusy(f"another resourced is using runtime directory {self.dir}") from None
         return fd
 
     # -- restore -----------------------------------------------------------------------
@@ -130,6 +140,10 @@ class ClaimStore:
         elif op == "owner-died":
             if record["id"] in claims:
                 claims[record["id"]].owner_alive = False
+                claims[record["id"]].owner_died_usec = record.get("usec", 0)
+        elif op == "members":
+            if record["id"] in claims:
+                claims[record["id"]].members = frozenset(ProcessRef(p, s) for p, s in record["members"])
         else:
             raise ValueError(f"unknown op {op!r}")
 
@@ -169,7 +183,11 @@ class ClaimStore:
             elif isinstance(event, ClaimReleased):
                 records.append({"op": "release", "id": event.claim.id})
             elif isinstance(event, OwnerDied):
-                records.append({"op": "owner-died", "id": event.claim.id})
+                records.append({"op": "owner-died", "id": event.claim.id,
+                                "usec": event.claim.owner_died_usec})
+            elif isinstance(event, MembersChanged):
+                records.append({"op": "members", "id": event.claim.id,
+                                "members": claim_to_record(event.claim)["members"]})
         if not records:
             return
         data = b"".join(json.dumps(r).encode() + b"\n" for r in records)

@@ -7,10 +7,12 @@ JSON file, re-read on every look, so a test can change what "the driver" reports
                "pci_bus_id": "00000000:01:00.0",
                "processes": [{"pid": 4242, "used_memory_mib": 1024}]}]}
 
-Only ``index`` is required per GPU; the rest has simulation defaults.
+Only ``index`` is required per GPU; the rest has simulation defaults.  A top-level
+``"hang_seconds": S`` makes every look take S seconds, like a hung driver.
 """
 
 import json
+import time
 
 from ..core.inventory import Gpu
 from .base import BackendError, GpuProcess
@@ -46,9 +48,12 @@ class SimulatedBackend:
             entries = data["gpus"]
             if not isinstance(entries, list):
                 raise TypeError("'gpus' must be a list")
-            return entries
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            hang = float(data.get("hang_seconds", 0))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise BackendError(f"simulation file {self.path}: {exc}") from exc
+        if hang > 0:
+            time.sleep(hang)
+        return entries
 
     def inventory(self) -> list[Gpu]:
         return [_gpu(e) for e in self._entries()]

@@ -12,6 +12,7 @@ R = PropertyAccess.READ
 
 
 class ClaimInterface(Interface):
+    OUT_NAMES = {"Release": ("warnings",)}
     CONST_PROPERTIES = frozenset({"Id", "Mode", "UID", "User", "OwnerPID", "OwnerStartTime", "Label", "TaskName", "CreatedUSec", "GPUUUIDs"})
 
     def __init__(self, claim: Claim, manager):
@@ -21,8 +22,8 @@ class ClaimInterface(Interface):
 
     @dbus_method()
     @bus_errors
-    async def Release(self, flags: "t"):
-        await self.manager.release(self.claim.id, flags)
+    async def Release(self, flags: "t") -> "as":
+        return await self.manager.release(self.claim.id, flags)
 
     @dbus_property(access=R)
     def Id(self) -> "s":
@@ -67,3 +68,8 @@ class ClaimInterface(Interface):
     @dbus_property(access=R)
     def GPUUUIDs(self) -> "as":
         return list(self.claim.gpus)
+
+    @dbus_property(access=R)
+    def MemberPIDs(self) -> "au":
+        """Descendants of the claim's processes, seen while they lived."""
+        return sorted(m.pid for m in self.claim.members)

@@ -13,7 +13,9 @@ from dbus_fast.service import dbus_method, dbus_property, dbus_signal
 from .. import __version__
 from ..core.claims import Claim as ClaimRecord
 from ..core.inventory import pci_order
-from ..core.ledger import ClaimGranted, ClaimReleased, Event, OwnerDied
+from ..config import ConfigError
+from ..core.ledger import ClaimGranted, ClaimReleased, Event, MembersChanged, OwnerDied
+from ..core.verify import GpuReport
 from ..engine import Engine
 from ..errors import InvalidRequest
 from .caller import Credentials
@@ -39,15 +41,20 @@ class ManagerInterface(Interface):
         "ListGPUs": ("gpus",),
         "ListClaims": ("claims",),
         "Describe": ("json",),
+        "Release": ("warnings",),
+        "ReleaseGPU": ("claim_id",),
+        "Verify": ("report",),
+        "Reload": ("applied", "needs_restart"),
         "ClaimNew": ("claim_id", "claim"),
         "ClaimRemoved": ("claim_id", "claim", "reason"),
     }
 
-    def __init__(self, bus, engine: Engine, mode: str):
+    def __init__(self, bus, engine: Engine, mode: str, reload=None):
         super().__init__(MANAGER_IFACE)
         self.bus = bus
         self.engine = engine
         self.mode = mode
+        self.reload = reload
         self.credentials = Credentials(bus)
         self._gpus: dict[str, GpuInterface] = {}
         self._claims: dict[str, ClaimInterface] = {}
@@ -57,7 +64,7 @@ class ManagerInterface(Interface):
         """Export the manager and one object per GPU; follow the engine from now on."""
         self.bus.export(MANAGER_PATH, self)
         gpus = list(self.engine.ledger.gpus.values())
-        self._pci_index = pci_order(gpus)
+        self._pci_index = pci_order(self.engine.present)
         for gpu in gpus:
             iface = GpuInterface(gpu, self.engine)
             self._gpus[gpu.uuid] = iface
@@ -72,7 +79,7 @@ class ManagerInterface(Interface):
     async def Claim(self, gpus: "u", options: "a{sv}") -> "soa{sv}":
         opts = parse_options(options, CLAIM_OPTIONS)
         caller = await self.credentials.caller()
-        claim = await self.engine.claim(
+        claim, warnings = await self.engine.claim(
             caller,
             gpus,
             mode=opts.get("Mode", "run"),
@@ -80,12 +87,32 @@ class ManagerInterface(Interface):
             label=opts.get("Label", ""),
             task_name=opts.get("TaskName", ""),
         )
-        return [claim.id, claim_path(claim.id), self._grant(claim)]
+        return [claim.id, claim_path(claim.id), self._grant(claim, warnings)]
 
     @dbus_method()
     @bus_errors
-    async def Release(self, claim_id: "s", flags: "t"):
-        await self.release(claim_id, flags)
+    async def Release(self, claim_id: "s", flags: "t") -> "as":
+        return await self.release(claim_id, flags)
+
+    @dbus_method()
+    @bus_errors
+    async def ReleaseGPU(self, gpu: "s", reason: "s") -> "s":
+        caller = await self.credentials.caller()
+        return await self.engine.release_gpu(caller, gpu, reason)
+
+    @dbus_method()
+    @bus_errors
+    async def Verify(self) -> "aa{sv}":
+        return [_report(r) for r in await self.engine.verify()]
+
+    @dbus_method()
+    @bus_errors
+    def Reload(self) -> "asas":
+        try:
+            applied, restart = self.reload()
+        except ConfigError as exc:
+            raise InvalidRequest(f"the configuration was not reloaded: {exc}") from exc
+        return [applied, restart]
 
     @dbus_method()
     @bus_errors
@@ -156,11 +183,11 @@ class ManagerInterface(Interface):
         return len(self.engine.ledger.claims)
 
     # -- shared by the Manager and Claim objects ---------------------------------------
-    async def release(self, claim_id: str, flags: int) -> None:
+    async def release(self, claim_id: str, flags: int) -> list[str]:
         if flags & ~RELEASE_FLAGS:
             raise InvalidRequest(f"unknown release flags {flags & ~RELEASE_FLAGS:#x}")
         caller = await self.credentials.caller()
-        self.engine.release(caller, claim_id)
+        return await self.engine.release(caller, claim_id, force=bool(flags & RELEASE_FORCE))
 
     def describe(self) -> dict:
         """Everything ``gpuctl status --json`` shows, as plain data."""
@@ -206,13 +233,14 @@ class ManagerInterface(Interface):
             "pci_indices": [self._pci_index[u] for u in c.gpus],
         }
 
-    def _grant(self, claim: ClaimRecord) -> dict:
+    def _grant(self, claim: ClaimRecord, warnings: list[str]) -> dict:
         gpus = self.engine.ledger.gpus
         return {
             "Mode": Variant("s", claim.mode),
             "GPUUUIDs": Variant("as", list(claim.gpus)),
             "GPUIndices": Variant("au", [gpus[u].index for u in claim.gpus]),
             "PCIIndices": Variant("au", [self._pci_index[u] for u in claim.gpus]),
+            "Warnings": Variant("as", warnings),
         }
 
     def _export_claim(self, claim: ClaimRecord) -> None:
@@ -236,6 +264,9 @@ class ManagerInterface(Interface):
                 touched_gpus.update(claim.gpus)
             elif isinstance(event, OwnerDied):
                 self._claims[claim.id].emit_properties_changed({"OwnerAlive": False})
+            elif isinstance(event, MembersChanged):
+                self._claims[claim.id].emit_properties_changed(
+                    {"MemberPIDs": sorted(m.pid for m in claim.members)})
         for uuid in touched_gpus:
             gpu = self._gpus[uuid]
             gpu.emit_properties_changed({"State": gpu.State, "ClaimID": gpu.ClaimID})
@@ -243,3 +274,29 @@ class ManagerInterface(Interface):
             self.emit_properties_changed(
                 {"FreeGPUs": self.engine.free_count(), "NClaims": len(self.engine.ledger.claims)}
             )
+
+
+def _report(r: GpuReport) -> dict:
+    """One GPU's verify report as a{sv} (processes as aa{sv}: Pid, UsedMemoryBytes, UID,
+    User, Command, Claim, Ambiguous)."""
+    processes = [
+        {
+            "Pid": Variant("u", p.pid),
+            "UsedMemoryBytes": Variant("t", p.used_memory_bytes),
+            "UID": Variant("i", p.uid),
+            "User": Variant("s", p.user),
+            "Command": Variant("s", p.command),
+            "Claim": Variant("s", p.claim_id),
+            "Ambiguous": Variant("s", p.ambiguous),
+        }
+        for p in r.processes
+    ]
+    return {
+        "UUID": Variant("s", r.uuid),
+        "Alias": Variant("s", r.alias),
+        "Index": Variant("i", r.index),
+        "Status": Variant("s", r.status),
+        "Claim": Variant("s", r.claim_id),
+        "Detail": Variant("s", r.detail),
+        "Processes": Variant("aa{sv}", processes),
+    }

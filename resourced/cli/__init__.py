@@ -19,7 +19,10 @@ COMMANDS = {
     "env": ("claims", "env", "Print shell export lines for a claim."),
     "status": ("status", "status", "Show each GPU and who holds it."),
     "free": ("status", "free", "Print how many GPUs are free."),
+    "verify": ("status", "verify", "Compare the claims with what really runs on each GPU."),
+    "init": ("init", "init", "Write a config file listing this machine's GPUs."),
     "demo": ("demo", "demo", "Show resourced at work on simulated GPUs (a private bus)."),
+    "service": ("service", "service", "Install, enable or remove the systemd service."),
     "config": ("config", "config", "Check a configuration file without starting anything."),
 }
 
@@ -50,7 +53,7 @@ def cli():
 
     Exit codes: 0 ok, 1 other error, 2 bad usage, 3 not enough GPUs, 4 GPUs busy with
     unknown processes, 5 daemon unreachable, 6 unknown or stale allocation, 7 not yours,
-    8 access denied. `gpuctl run` returns the command's own code (128+n for signal n).
+    8 access denied, 9 still in use, 10 systemd not running (gpuctl service). `gpuctl run` returns the command's own code (128+n for signal n).
 
     Example: gpuctl run --gpus 1 -- python train.py
     """

@@ -2,7 +2,7 @@
 
 from ..errors import (
     AccessDenied, DaemonUnreachable, GPUsBusy, Internal, InvalidRequest, NoSuchClaim,
-    NotClaimOwner, NotEnoughGPUs, NotProcessOwner, ResourcedError,
+    NotClaimOwner, NotEnoughGPUs, NotProcessOwner, ResourcedError, StillInUse,
 )
 
 EXIT_OK = 0
@@ -14,6 +14,8 @@ EXIT_UNREACHABLE = 5
 EXIT_NO_SUCH_CLAIM = 6
 EXIT_NOT_YOURS = 7
 EXIT_ACCESS_DENIED = 8
+EXIT_STILL_IN_USE = 9
+EXIT_NO_SYSTEMD = 10  # gpuctl service: files written, but systemd is not running
 
 EXIT_CODES: dict[type[ResourcedError], int] = {
     InvalidRequest: EXIT_USAGE,
@@ -24,6 +26,7 @@ EXIT_CODES: dict[type[ResourcedError], int] = {
     NotProcessOwner: EXIT_NOT_YOURS,
     NotClaimOwner: EXIT_NOT_YOURS,
     AccessDenied: EXIT_ACCESS_DENIED,
+    StillInUse: EXIT_STILL_IN_USE,
     Internal: EXIT_FAILURE,
 }
 

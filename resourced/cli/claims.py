@@ -3,19 +3,16 @@
 import contextlib
 import os
 import shlex
+import time
 
 import click
 
 from ._options import bus_option, client, emit_json, json_option
 
 
-def _positive(ctx, param, value):
-    if value is not None and value < 1:
-        raise click.BadParameter(f"must be at least 1, not {value}")
-    return value
+UINT32_MAX = 2**32 - 1  # what a D-Bus 'u' can carry
 
-
-gpus_option = click.option("--gpus", type=int, callback=_positive, help="How many GPUs.")
+gpus_option = click.option("--gpus", type=click.IntRange(1, UINT32_MAX), help="How many GPUs.")
 label_option = click.option("--label", default="", help="A short label shown in status.")
 task_option = click.option("--task-name", default="", help="What the GPUs are for.")
 index_option = click.option(
@@ -42,7 +39,6 @@ def run(gpus, allocation, use_index, label, task_name, bus, command):
 
     Example: gpuctl run --gpus 2 -- python train.py
     """
-    from ..errors import NoSuchClaim
     from .launch import PendingChild
 
     if allocation and gpus is not None:
@@ -58,18 +54,50 @@ def run(gpus, allocation, use_index, label, task_name, bus, command):
         except BaseException:
             child.cancel()
             raise
+        _warn(granted.get("warnings", []))
         code = child.start({**os.environ, **granted["env"]})
         if not allocation:
-            # The daemon also releases when it sees the command exit; releasing here too
-            # means the GPUs are free the moment gpuctl returns, so a next run finds them.
-            with contextlib.suppress(NoSuchClaim):
-                c.release(granted["allocation"]["ref"])
+            _release_after_run(c, granted["allocation"]["ref"])
     return code
+
+
+def _warn(warnings: list[str]) -> None:
+    for w in warnings:
+        click.echo(f"gpuctl: warning: {w}", err=True)
+
+
+def _release_after_run(c, ref: str) -> None:
+    """Release a run's claim once the driver has cleared its GPUs, waiting at most
+    $RESOURCED_RELEASE_WAIT seconds (default 10), then anyway, with a warning.
+
+    The daemon releases by itself when the command's processes are gone; releasing here
+    too means the GPUs are free the moment gpuctl returns, so a next run finds them.
+    """
+    from ..errors import NoSuchClaim, StillInUse
+
+    try:
+        wait = float(os.environ.get("RESOURCED_RELEASE_WAIT", "10"))
+    except ValueError:
+        wait = 10.0
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            _warn(c.release(ref))
+            return
+        except NoSuchClaim:
+            return
+        except StillInUse as exc:
+            if time.monotonic() >= deadline:
+                _warn([f"{exc.message.split('; ')[0]} after {wait:g} s; released anyway"])
+                with contextlib.suppress(NoSuchClaim):
+                    c.release(ref, force=True)
+                return
+        time.sleep(0.1)
 
 
 @click.command()
 @gpus_option
-@click.option("--owner-pid", type=int, required=True,
+@click.option("--owner-pid", type=click.IntRange(1, UINT32_MAX), required=True,
               help="The long-lived process the claim belongs to (for an agent: its own pid).")
 @label_option
 @task_option
@@ -84,6 +112,7 @@ def claim(gpus, owner_pid, label, task_name, use_index, bus, as_json):
     with client(bus) as c:
         result = c.claim(mode="dev", gpus=gpus or 1, owner_pid=owner_pid, label=label,
                          task_name=task_name, use_index=use_index)
+    _warn(result["warnings"])
     if as_json:
         emit_json(result)
     else:
@@ -91,16 +120,29 @@ def claim(gpus, owner_pid, label, task_name, use_index, bus, as_json):
 
 
 @click.command()
-@click.option("--allocation", metavar="REF", required=True, help="The claim to release.")
-@click.option("--force", is_flag=True, help="Release even if its processes still run.")
+@click.option("--allocation", metavar="REF", help="The claim to release.")
+@click.option("--gpu", metavar="GPU", help="Release whatever claim holds this GPU (with --force).")
+@click.option("--force", is_flag=True, help="Release even if the claim's processes still run.")
+@click.option("--reason", default="", help="Why (with --gpu); goes to the daemon's log.")
 @bus_option
-def release(allocation, force, bus):
-    """Release a claim.
+def release(allocation, gpu, force, reason, bus):
+    """Release a claim: by reference, or (to recover a lost claim) by GPU.
 
-    Example: gpuctl release --allocation c4x9k2a
+    A release is refused (exit 9) while the claim's processes still use its GPUs;
+    --force overrides. `--gpu` always forces and needs no TTY.
+
+    Example: gpuctl release --force --gpu gpu1 --reason "agent crashed"
     """
+    if bool(allocation) == bool(gpu):
+        raise click.UsageError("name the claim with exactly one of --allocation or --gpu")
+    if gpu and not force:
+        raise click.UsageError("--gpu releases by force: add --force")
     with client(bus) as c:
-        c.release(allocation, force=force)
+        if gpu:
+            ref = c.release_gpu(gpu, reason)
+            click.echo(f"released {ref}", err=True)
+        else:
+            _warn(c.release(allocation, force=force))
 
 
 @click.command()

@@ -66,3 +66,41 @@ def free(bus, as_json):
         emit_json({"free": n})
     else:
         click.echo(n)
+
+
+def render_verify(reports: list[dict]) -> str:
+    lines = []
+    for r in reports:
+        claim = f" (claim {r['Claim']})" if r["Claim"] else ""
+        detail = f": {r['Detail']}" if r["Detail"] else ""
+        lines.append(f"{r['Alias'] or r['UUID']}  {r['Status']}{claim}{detail}")
+        for p in r["Processes"]:
+            whose = (f"claim {p['Claim']}" if p["Claim"] else
+                     f"cannot be attributed: {p['Ambiguous']}" if p["Ambiguous"] else "no claim")
+            lines.append(f"    pid {p['Pid']}  {p['User'] or '?'}  {p['Command'] or '?'}  [{whose}]")
+    return "\n".join(lines)
+
+
+@click.command()
+@bus_option
+@json_option
+def verify(bus, as_json):
+    """Compare the claims with the processes really running on each GPU.
+
+    Statuses: OK, IDLE CLAIM (claimed, nothing running), UNCLAIMED USE (a process on a
+    GPU nobody claimed), FOREIGN PROCESS (a process on a claimed GPU that is not the
+    claimant's), MISSING (the driver does not report the GPU), UNKNOWN (the driver did not
+    answer). Exits 1 when any GPU is UNCLAIMED USE, FOREIGN PROCESS, MISSING or UNKNOWN.
+
+    Example: gpuctl verify --json
+    """
+    from ..core.verify import PROBLEMS
+
+    with client(bus) as c:
+        reports = c.verify()
+    problems = any(r["Status"] in PROBLEMS for r in reports)
+    if as_json:
+        emit_json({"gpus": reports, "problems": problems})
+    else:
+        click.echo(render_verify(reports))
+    return 1 if problems else 0

@@ -37,7 +37,11 @@ class ClaimRequest:
 
 @dataclass
 class Claim:
-    """A granted claim. Everything but ``owner_alive`` is fixed once granted."""
+    """A granted claim. Only the liveness fields and ``members`` change once granted.
+
+    ``members`` are the owner's descendants seen while they lived; they stay the claim's
+    even after being re-parented to init, until they exit.
+    """
 
     id: str
     mode: str
@@ -49,3 +53,9 @@ class Claim:
     task_name: str
     created_usec: int
     owner_alive: bool = field(default=True)
+    owner_died_usec: int = 0  # when the owner's exit was noticed; 0 while it lives
+    members: frozenset[ProcessRef] = field(default_factory=frozenset)
+
+    def processes(self) -> frozenset[ProcessRef]:
+        """The processes known to be the claim's: the owner (while alive) and the members."""
+        return self.members | {self.owner} if self.owner_alive else self.members

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..errors import GPUsBusy, InvalidRequest, NoSuchClaim, NotEnoughGPUs
-from .claims import Claim, ClaimRequest
+from .claims import Claim, ClaimRequest, ProcessRef
 from .inventory import Gpu
 
 
@@ -35,7 +35,12 @@ class OwnerDied:
     claim: Claim
 
 
-Event = ClaimGranted | ClaimReleased | OwnerDied
+@dataclass(frozen=True)
+class MembersChanged:
+    claim: Claim
+
+
+Event = ClaimGranted | ClaimReleased | OwnerDied | MembersChanged
 
 
 class Ledger:
@@ -130,15 +135,47 @@ class Ledger:
             del self._holder[uuid]
         return [ClaimReleased(claim, reason)]
 
-    def owner_died(self, claim_id: str) -> list[Event]:
-        """The owner process is gone: a run claim ends, a dev claim is marked dead."""
+    def owner_died(self, claim_id: str, now_usec: int = 0) -> list[Event]:
+        """The owner process is gone. A run claim ends once its members are gone too;
+        a dev claim stays, marked dead (``release_dead_owner`` may end it later)."""
         claim = self.claims.get(claim_id)
         if claim is None or not claim.owner_alive:
             return []
-        if claim.mode == "run":
+        if claim.mode == "run" and not claim.members:
             return self.release(claim_id, "owner-exited")
         claim.owner_alive = False
+        claim.owner_died_usec = now_usec
         return [OwnerDied(claim)]
+
+    def add_members(self, claim_id: str, refs: Iterable[ProcessRef]) -> list[Event]:
+        """Processes found to descend from the claim's processes become its members."""
+        claim = self.claims.get(claim_id)
+        if claim is None:
+            return []
+        new = frozenset(refs) - claim.members - {claim.owner}
+        if not new:
+            return []
+        claim.members = claim.members | new
+        return [MembersChanged(claim)]
+
+    def member_exited(self, claim_id: str, ref: ProcessRef) -> list[Event]:
+        """A member is gone; a run claim whose owner and members are all gone ends."""
+        claim = self.claims.get(claim_id)
+        if claim is None or ref not in claim.members:
+            return []
+        claim.members = claim.members - {ref}
+        if claim.mode == "run" and not claim.owner_alive and not claim.members:
+            return self.release(claim_id, "owner-exited")
+        return [MembersChanged(claim)]
+
+    def dead_owner_claims(self, now_usec: int, grace_usec: int) -> list[Claim]:
+        """Dev claims whose owner died at least ``grace_usec`` ago (none when grace is 0)."""
+        if grace_usec <= 0:
+            return []
+        return [
+            c for c in self.claims.values()
+            if c.mode == "dev" and not c.owner_alive and now_usec - c.owner_died_usec >= grace_usec
+        ]
 
     # -- the invariant ---------------------------------------------------------------
     def check_invariants(self) -> None:

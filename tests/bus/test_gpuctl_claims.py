@@ -160,8 +160,6 @@ def test_owner_pid_is_required(daemon):
     assert describe()["claims"] == []
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: values outside D-Bus 'u' (uint32) crash gpuctl "
-                   "with a struct.error traceback and exit 1 instead of a usage error (exit 2)")
 @pytest.mark.parametrize("args", [
     ["claim", "--gpus", "1", "--owner-pid", "-5"],
     ["claim", "--gpus", "1", "--owner-pid", "4294967296"],

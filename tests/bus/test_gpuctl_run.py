@@ -200,12 +200,26 @@ def test_both_gpus_and_allocation_is_bad_usage(daemon):
     assert describe() == before
 
 
-def test_nonexistent_command_gives_127_and_frees_the_gpus(daemon, tmp_path):
-    r = gpuctl("run", "--gpus", "2", "--", str(tmp_path / "no-such-command"))
+@pytest.mark.parametrize("where", ["path", "PATH"])
+def test_nonexistent_command_gives_127_and_frees_the_gpus(daemon, tmp_path, where):
+    command = str(tmp_path / "no-such-command") if where == "path" else "no-such-command-x9q"
+
+    r = gpuctl("run", "--gpus", "2", "--", command)
 
     assert r.returncode == 127
     assert_one_gpuctl_line(r.stderr)
     assert "cannot run" in r.stderr
+    eventually(no_claims)
+
+
+def test_a_command_that_cannot_be_executed_gives_126(daemon, tmp_path):
+    script = tmp_path / "not-executable"
+    script.write_text("#!/bin/sh\nexit 0\n")
+
+    r = gpuctl("run", "--", str(script))
+
+    assert r.returncode == 126
+    assert_one_gpuctl_line(r.stderr)
     eventually(no_claims)
 
 

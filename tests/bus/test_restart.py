@@ -7,12 +7,14 @@ import subprocess
 import sys
 
 from resourced.client import Client
+from resourced.privatebus import PrivateBus
 
 from ..conftest import eventually
 
 CLAIMER = r"""
 import sys
 from resourced.client import Client
+from resourced.privatebus import PrivateBus
 from resourced.errors import ResourcedError
 owner, n = int(sys.argv[1]), int(sys.argv[2])
 with Client(bus="session", timeout=5) as c:
@@ -116,8 +118,11 @@ def test_claims_from_another_boot_are_dropped(start_daemon):
         owner.kill()
 
 
-def test_a_second_daemon_on_the_same_runtime_directory_refuses_to_start(start_daemon, tmp_path):
+def test_a_second_daemon_on_the_same_runtime_directory_refuses_to_start(start_daemon):
+    """Even on another bus: two daemons must never share (and overwrite) one claims log."""
     first = start_daemon()
-    second = start_daemon(runtime_dir=first.runtime_dir, wait=False)
-    assert second.proc.wait(10) != 0
+    with PrivateBus() as other:
+        second = start_daemon(runtime_dir=first.runtime_dir, wait=False,
+                              env={"DBUS_SESSION_BUS_ADDRESS": other.address})
+        assert second.proc.wait(10) != 0
     assert "another resourced is using runtime directory" in second.log()

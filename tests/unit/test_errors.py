@@ -1,5 +1,8 @@
 """The error vocabulary: names on the bus, back to classes, and gpuctl's exit codes."""
 
+import re
+from pathlib import Path
+
 import pytest
 
 from resourced import errors
@@ -7,7 +10,7 @@ from resourced.cli._errors import EXIT_CODES, exit_code_for
 from resourced.errors import (
     ALL_ERRORS, ERROR_PREFIX, UNREACHABLE_NAMES, AccessDenied, DaemonUnreachable, GPUsBusy,
     Internal, InvalidRequest, NoSuchClaim, NotClaimOwner, NotEnoughGPUs, NotProcessOwner,
-    ResourcedError, error_from_bus,
+    ResourcedError, StillInUse, error_from_bus,
 )
 
 DOCUMENTED_EXIT_CODES = {
@@ -20,6 +23,7 @@ DOCUMENTED_EXIT_CODES = {
     NotProcessOwner: 7,
     NotClaimOwner: 7,
     AccessDenied: 8,
+    StillInUse: 9,
 }
 
 
@@ -87,6 +91,12 @@ def test_every_error_has_an_exit_code():
 
 def test_exit_codes_are_the_documented_ones():
     assert EXIT_CODES == DOCUMENTED_EXIT_CODES
+
+
+def test_every_exit_code_is_in_the_readme_table():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = re.findall(r"^\| (\d+) \| ", readme, flags=re.M)
+    assert {int(code) for code in table} >= set(EXIT_CODES.values())
 
 
 @pytest.mark.parametrize("cls", ALL_ERRORS, ids=lambda c: c.__name__)

@@ -1,0 +1,69 @@
+"""Which claim a process belongs to, from a snapshot of the process table.
+
+A process belongs to a claim if it is one of the claim's processes (the owner while it
+lives, and the members: descendants seen earlier, kept even after re-parenting to init)
+or a descendant of one of them.  Processes are (pid, start time), so a reused pid never
+inherits a claim.  A process the table cannot place (not visible here, or living in a
+nested pid namespace whose pids mean something else) is *ambiguous*: reported as such,
+never guessed.
+"""
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .claims import Claim, ProcessRef
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """One row of the process table."""
+
+    pid: int
+    ppid: int
+    start_time: int
+    uid: int = -1
+    nested_namespace: bool = False  # its NSpid has more than one level below ours
+
+    @property
+    def ref(self) -> ProcessRef:
+        return ProcessRef(self.pid, self.start_time)
+
+
+@dataclass(frozen=True)
+class Attribution:
+    claim_id: str = ""  # "" = no claim
+    ambiguous: str = ""  # why it cannot be attributed, when it cannot
+
+
+def descendants(table: Mapping[int, ProcInfo], roots: Iterable[ProcessRef]) -> set[ProcessRef]:
+    """Every living process below ``roots`` (roots that are no longer alive are skipped)."""
+    children: dict[int, list[ProcInfo]] = {}
+    for info in table.values():
+        children.setdefault(info.ppid, []).append(info)
+    found: set[ProcessRef] = set()
+    stack = [r.pid for r in roots if r.pid in table and table[r.pid].ref == r]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child.ref not in found:
+                found.add(child.ref)
+                stack.append(child.pid)
+    return found
+
+
+def owners_by_process(table: Mapping[int, ProcInfo], claims: Iterable[Claim]) -> dict[ProcessRef, str]:
+    """Every living process that belongs to a claim, mapped to the claim's id."""
+    owned: dict[ProcessRef, str] = {}
+    for claim in claims:
+        roots = claim.processes()
+        for ref in roots | descendants(table, roots):
+            owned.setdefault(ref, claim.id)
+    return owned
+
+
+def attribute(pid: int, table: Mapping[int, ProcInfo], owned: Mapping[ProcessRef, str]) -> Attribution:
+    info = table.get(pid)
+    if info is None:
+        return Attribution(ambiguous="not visible here: another pid namespace, or already gone")
+    if info.nested_namespace:
+        return Attribution(ambiguous="runs in another pid namespace")
+    return Attribution(claim_id=owned.get(info.ref, ""))

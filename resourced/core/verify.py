@@ -1,0 +1,73 @@
+"""Comparing the claims with what really runs on each GPU: the verify statuses."""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .ledger import Ledger
+
+OK = "OK"
+IDLE_CLAIM = "IDLE CLAIM"            # claimed, nothing running
+UNCLAIMED_USE = "UNCLAIMED USE"      # a process on a GPU nobody claimed
+FOREIGN_PROCESS = "FOREIGN PROCESS"  # a process on a claimed GPU that is not the claimant's
+MISSING = "MISSING"                  # a managed or configured GPU the driver does not report
+UNKNOWN = "UNKNOWN"                  # the driver did not answer
+
+PROBLEMS = frozenset({UNCLAIMED_USE, FOREIGN_PROCESS, MISSING, UNKNOWN})
+
+
+@dataclass(frozen=True)
+class SeenProcess:
+    """A compute process on a GPU, with whatever could be learnt about it."""
+
+    pid: int
+    used_memory_bytes: int = 0
+    uid: int = -1
+    user: str = ""
+    command: str = ""
+    claim_id: str = ""   # the claim it belongs to, "" for none
+    ambiguous: str = ""  # why it cannot be attributed, if it cannot
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    uuid: str
+    alias: str
+    index: int
+    status: str
+    claim_id: str
+    processes: tuple[SeenProcess, ...] = ()
+    detail: str = ""
+
+
+def verify(
+    ledger: Ledger,
+    seen: Mapping[str, Sequence[SeenProcess]] | None,
+    unknown_reason: str = "",
+    configured_missing: Sequence[tuple[str, str, int]] = (),
+) -> list[GpuReport]:
+    """One report per GPU. ``seen`` maps UUIDs to processes, None if the driver did not
+    answer; ``configured_missing`` lists (uuid, alias, index) of configured GPUs absent."""
+    reports = []
+    for gpu in ledger.gpus.values():
+        holder = ledger.holder(gpu.uuid)
+        claim_id = holder.id if holder else ""
+        if seen is None:
+            reports.append(GpuReport(gpu.uuid, gpu.label, gpu.index, UNKNOWN, claim_id,
+                                     detail=unknown_reason))
+            continue
+        if gpu.uuid not in seen:
+            reports.append(GpuReport(gpu.uuid, gpu.label, gpu.index, MISSING, claim_id,
+                                     detail="the driver does not report this GPU"))
+            continue
+        procs = tuple(seen[gpu.uuid])
+        if holder is None:
+            status = UNCLAIMED_USE if procs else OK
+        elif any(p.claim_id != holder.id for p in procs):
+            status = FOREIGN_PROCESS
+        else:
+            status = OK if procs else IDLE_CLAIM
+        reports.append(GpuReport(gpu.uuid, gpu.label, gpu.index, status, claim_id, procs))
+    for uuid, alias, index in configured_missing:
+        reports.append(GpuReport(uuid, alias, index, MISSING, "",
+                                 detail="configured, but the driver does not report it"))
+    return reports
