@@ -32,7 +32,7 @@ Command = tuple[str, ...]
 
 # How a value is written into a template: systemd's ExecStart= rules, or the shell-like
 # rules of a D-Bus service file's Exec=. Files without placeholders use PLAIN.
-UNIT, DBUS, PLAIN = "unit", "dbus", "plain"
+UNIT, DBUS, PLAIN, RULES = "unit", "dbus", "plain", "rules"
 
 PLACEHOLDER = re.compile(r"@([A-Z][A-Z_]*)@")
 
@@ -51,10 +51,12 @@ SYSTEM_FILES = (
              "/usr/share/dbus-1/system-services/org.resourced.service"),
     Template("systemd/resourced.sysusers", SYSUSERS_CONF),
 )
-# The polkit action and rules files join the system install here when they exist:
-# polkit/org.resourced.policy -> /usr/share/polkit-1/actions/org.resourced.policy,
-# polkit/50-resourced.rules -> /usr/share/polkit-1/rules.d/50-resourced.rules.
-POLKIT_FILES: tuple[Template, ...] = ()
+POLKIT_FILES = (
+    Template("polkit/org.resourced.policy", "/usr/share/polkit-1/actions/org.resourced.policy"),
+    # In /etc, not /usr/share: the group in it is this machine's choice (access_group).
+    Template("polkit/50-resourced.rules", "/etc/polkit-1/rules.d/50-resourced.rules", "rules"),
+)
+GROUP_NAME = re.compile(r"^[a-z_][a-z0-9_-]*\$?$")
 
 USER_FILES = (
     Template("systemd/resourced-user.service", f"$CONFIG/systemd/user/{USER_UNIT}", UNIT),
@@ -116,6 +118,7 @@ def plan_enable(
     env: Mapping[str, str] | None = None,
     sources: Path | None = None,
     sysusers: bool = True,
+    group: str = ACCOUNT,
 ) -> Plan:
     """The files and commands that install, enable and start the service.
 
@@ -123,12 +126,15 @@ def plan_enable(
     the environment resourced is installed in). ``config`` defaults to
     /etc/resourced/config.toml for the system service and to none (the daemon's default)
     for the user service. ``sysusers=False`` creates the account with useradd instead.
+    ``group`` is the access group the polkit rule grants the everyday actions to.
     """
     _check_mode(mode)
+    if not GROUP_NAME.match(group):
+        raise InstallError(f"{group!r} is not a valid group name")
     python = _absolute("interpreter", python)
     if mode == SYSTEM:
         config = _absolute("config file", config or DEFAULT_SYSTEM_CONFIG)
-        values = {"PYTHON": [python], "CONFIG": [config]}
+        values = {"PYTHON": [python], "CONFIG": [config], "GROUP": [group]}
     else:
         config = _absolute("config file", config) if config else None
         values = {"PYTHON": [python], "CONFIG_OPTION": ["--config", config] if config else []}
@@ -174,7 +180,7 @@ def render(text: str, values: Mapping[str, list[str]], syntax: str) -> str:
         name = match.group(1)
         if syntax == PLAIN or name not in values:
             raise InstallError(f"template placeholder @{name}@ has no value")
-        quote = _unit_word if syntax == UNIT else shlex.quote
+        quote = {UNIT: _unit_word, DBUS: shlex.quote, RULES: str}[syntax]
         return " ".join(quote(word) for word in values[name])
 
     rendered = PLACEHOLDER.sub(replace, text)

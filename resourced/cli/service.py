@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 
 from .. import install
-from ._errors import EXIT_FAILURE, EXIT_NO_SYSTEMD, GpuctlError
+from ._errors import EXIT_FAILURE, EXIT_NO_SYSTEMD, EXIT_USAGE, GpuctlError
 
 # 9 is gpuctl's "still in use"; this belongs in _errors.py and the README's table.
 # sd_booted(): this directory exists exactly when systemd is the running init.
@@ -75,9 +75,10 @@ def enable(user, system, dry_run, root, config):
     mode = _mode(user, system)
     # Staged files are for another system: assume it has systemd-sysusers, as systemd does.
     sysusers = root is not None or shutil.which("systemd-sysusers") is not None
+    config = os.path.abspath(config) if config else None
     plan = _plan(lambda: install.plan_enable(
-        mode, sys.executable, os.path.abspath(config) if config else None, root or "/",
-        sysusers=sysusers))
+        mode, sys.executable, config, root or "/", sysusers=sysusers,
+        group=_access_group(config or install.DEFAULT_SYSTEM_CONFIG)))
     _carry_out(plan, dry_run=dry_run, staged=root is not None)
     if mode == install.USER and not dry_run and root is None:
         _note_lingering()
@@ -96,6 +97,17 @@ def disable(user, system, dry_run, root):
     mode = _mode(user, system)
     _carry_out(_plan(lambda: install.plan_disable(mode, root or "/")),
                dry_run=dry_run, staged=root is not None)
+
+
+def _access_group(config_path: str) -> str:
+    """The access group the daemon's config names (the default when there is no file)."""
+    from ..config import ConfigError, load_config
+
+    path = Path(config_path)
+    try:
+        return load_config(path if path.is_file() else None).daemon.access_group
+    except ConfigError as exc:
+        raise GpuctlError(str(exc), EXIT_USAGE) from exc
 
 
 def _plan(make) -> install.Plan:

@@ -23,7 +23,10 @@ def test_system_plan_fills_in_the_interpreter_and_config(tmp_path):
         tmp_path / "usr/share/dbus-1/system.d/org.resourced.conf",
         tmp_path / "usr/share/dbus-1/system-services/org.resourced.service",
         tmp_path / "usr/lib/sysusers.d/resourced.conf",
+        tmp_path / "usr/share/polkit-1/actions/org.resourced.policy",
+        tmp_path / "etc/polkit-1/rules.d/50-resourced.rules",
     }
+    assert 'subject.isInGroup("resourced")' in files[tmp_path / "etc/polkit-1/rules.d/50-resourced.rules"]
     unit = files[tmp_path / "etc/systemd/system/resourced.service"]
     assert (f"\nExecStart={sys.executable} -m resourced.daemon --system "
             "--config /etc/resourced/gpus.toml\n") in unit
@@ -154,3 +157,14 @@ def test_render_refuses_unknown_placeholders():
 def test_the_templates_are_found_in_the_source_tree():
     root = Path(__file__).resolve().parents[2]
     assert install.source_dir() == root
+
+
+def test_the_polkit_rule_names_the_configured_access_group(tmp_path):
+    plan = install.plan_enable("system", sys.executable, None, tmp_path, group="gpuusers")
+    rules = _contents(plan)[tmp_path / "etc/polkit-1/rules.d/50-resourced.rules"]
+    assert 'subject.isInGroup("gpuusers")' in rules
+
+
+def test_an_invalid_group_name_is_refused(tmp_path):
+    with pytest.raises(install.InstallError, match="not a valid group name"):
+        install.plan_enable("system", sys.executable, None, tmp_path, group='x"); evil(')
