@@ -164,14 +164,17 @@ class Engine:
         return claim, warnings
 
     async def release(self, caller: Caller, claim_id: str, force: bool = False,
-                      reason: str = "") -> list[str]:
-        """End a claim; refused while its processes still use its GPUs unless ``force``."""
-        self._check_owner(caller, self.ledger.get(claim_id))
+                      reason: str = "", admin: bool = False) -> list[str]:
+        """End a claim; refused while its processes still use its GPUs unless ``force``.
+
+        Only the claim's user (or root) may, unless ``admin`` (the caller was authorized
+        to release other users' claims)."""
+        self._check_owner(caller, self.ledger.get(claim_id), admin)
         warnings = []
         if not force:
             evidence = await self.probe.processes()
             table = await self._off_loop(read_table)
-            claim = self._check_owner(caller, self.ledger.get(claim_id))  # re-validate
+            claim = self._check_owner(caller, self.ledger.get(claim_id), admin)  # re-validate
             if evidence.known:
                 in_use = self._claim_processes_on_gpus(claim, evidence, table)
                 if in_use:
@@ -183,14 +186,13 @@ class Engine:
         self._end(claim_id, "forced" if force else "released", caller, reason)
         return warnings
 
-    async def release_gpu(self, caller: Caller, gpu_name: str, reason: str) -> str:
-        """Force-release whatever claim holds a GPU (recovery); returns the claim's id."""
+    def holder_of(self, gpu_name: str) -> Claim:
+        """The claim holding a GPU named by alias, index or UUID."""
         gpu = self.ledger.gpu_by_name(gpu_name)
         holder = self.ledger.holder(gpu.uuid)
         if holder is None:
             raise NoSuchClaim(f"{gpu.label} is not claimed")
-        await self.release(caller, holder.id, force=True, reason=reason)
-        return holder.id
+        return holder
 
     async def verify(self) -> list[GpuReport]:
         """Compare the claims with the compute processes the driver reports on each GPU."""
@@ -309,8 +311,8 @@ class Engine:
 
     # -- internals ---------------------------------------------------------------------
     @staticmethod
-    def _check_owner(caller: Caller, claim: Claim) -> Claim:
-        if caller.uid not in (0, claim.uid):
+    def _check_owner(caller: Caller, claim: Claim, admin: bool = False) -> Claim:
+        if not admin and caller.uid not in (0, claim.uid):
             raise NotClaimOwner(f"claim {claim.id} belongs to {claim.user or claim.uid}")
         return claim
 

@@ -9,6 +9,7 @@
     ├── NotClaimOwner               touching another user's claim
     ├── StillInUse                  a release while the claim's processes still use its GPUs
     ├── AccessDenied                the bus or polkit said no
+    ├── InteractionRequired         polkit would allow it after authentication
     ├── DaemonUnreachable           nobody owns org.resourced (client side only)
     └── Internal                    anything unexpected; details are in the daemon's log
 
@@ -87,6 +88,13 @@ class AccessDenied(ResourcedError):
     dbus_name = "org.freedesktop.DBus.Error.AccessDenied"
 
 
+class InteractionRequired(ResourcedError):
+    """polkit would allow it after authentication (run from a terminal, or ask an admin)."""
+
+    code = "InteractiveAuthorizationRequired"
+    dbus_name = "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired"
+
+
 class DaemonUnreachable(ResourcedError):
     """No daemon owns org.resourced on the bus that was tried."""
 
@@ -108,6 +116,7 @@ ALL_ERRORS: tuple[type[ResourcedError], ...] = (
     NotClaimOwner,
     StillInUse,
     AccessDenied,
+    InteractionRequired,
     DaemonUnreachable,
     Internal,
 )

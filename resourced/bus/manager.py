@@ -18,13 +18,14 @@ from ..core.ledger import ClaimGranted, ClaimReleased, Event, MembersChanged, Ow
 from ..core.verify import GpuReport
 from ..engine import Engine
 from ..errors import InvalidRequest
-from .caller import Credentials
+from .caller import Credentials, current_call
 from .claim import ClaimInterface
 from .errors import bus_errors
 from .gpu import GpuInterface
 from .interface import Interface
 from .names import MANAGER_IFACE, MANAGER_PATH, RELEASE_FORCE, claim_path, gpu_path
 from .options import parse_options
+from .polkit import CLAIM, MANAGE, RELEASE_OTHER, Authority
 
 R = PropertyAccess.READ
 
@@ -55,6 +56,7 @@ class ManagerInterface(Interface):
         self.engine = engine
         self.mode = mode
         self.reload = reload
+        self.authority = Authority(bus, enabled=mode == "system")
         self.credentials = Credentials(bus)
         self._gpus: dict[str, GpuInterface] = {}
         self._claims: dict[str, ClaimInterface] = {}
@@ -79,6 +81,8 @@ class ManagerInterface(Interface):
     async def Claim(self, gpus: "u", options: "a{sv}") -> "soa{sv}":
         opts = parse_options(options, CLAIM_OPTIONS)
         caller = await self.credentials.caller()
+        await self.authority.check(current_call.get(), caller.uid, CLAIM, {
+            "gpus": str(gpus), "mode": opts.get("Mode", "run"), "label": opts.get("Label", "")})
         claim, warnings = await self.engine.claim(
             caller,
             gpus,
@@ -97,8 +101,9 @@ class ManagerInterface(Interface):
     @dbus_method()
     @bus_errors
     async def ReleaseGPU(self, gpu: "s", reason: "s") -> "s":
-        caller = await self.credentials.caller()
-        return await self.engine.release_gpu(caller, gpu, reason)
+        claim_id = self.engine.holder_of(gpu).id
+        await self._release(claim_id, force=True, reason=reason)
+        return claim_id
 
     @dbus_method()
     @bus_errors
@@ -107,7 +112,9 @@ class ManagerInterface(Interface):
 
     @dbus_method()
     @bus_errors
-    def Reload(self) -> "asas":
+    async def Reload(self) -> "asas":
+        caller = await self.credentials.caller()
+        await self.authority.check(current_call.get(), caller.uid, MANAGE, {})
         try:
             applied, restart = self.reload()
         except ConfigError as exc:
@@ -186,8 +193,18 @@ class ManagerInterface(Interface):
     async def release(self, claim_id: str, flags: int) -> list[str]:
         if flags & ~RELEASE_FLAGS:
             raise InvalidRequest(f"unknown release flags {flags & ~RELEASE_FLAGS:#x}")
+        return await self._release(claim_id, force=bool(flags & RELEASE_FORCE))
+
+    async def _release(self, claim_id: str, force: bool, reason: str = "") -> list[str]:
+        """The claim's user (or root) may release it; anyone else needs release-other."""
         caller = await self.credentials.caller()
-        return await self.engine.release(caller, claim_id, force=bool(flags & RELEASE_FORCE))
+        claim = self.engine.ledger.get(claim_id)
+        admin = caller.uid not in (0, claim.uid)
+        if admin:
+            await self.authority.check(current_call.get(), caller.uid, RELEASE_OTHER, {
+                "claim": claim_id, "owner_uid": str(claim.uid), "force": str(force).lower()})
+        return await self.engine.release(caller, claim_id, force=force, reason=reason,
+                                         admin=admin)
 
     def describe(self) -> dict:
         """Everything ``gpuctl status --json`` shows, as plain data."""

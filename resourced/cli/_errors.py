@@ -1,7 +1,8 @@
 """gpuctl's exit codes, and the one table that maps resourced errors to them."""
 
 from ..errors import (
-    AccessDenied, DaemonUnreachable, GPUsBusy, Internal, InvalidRequest, NoSuchClaim,
+    AccessDenied, DaemonUnreachable, GPUsBusy, InteractionRequired, Internal, InvalidRequest,
+    NoSuchClaim,
     NotClaimOwner, NotEnoughGPUs, NotProcessOwner, ResourcedError, StillInUse,
 )
 
@@ -26,6 +27,7 @@ EXIT_CODES: dict[type[ResourcedError], int] = {
     NotProcessOwner: EXIT_NOT_YOURS,
     NotClaimOwner: EXIT_NOT_YOURS,
     AccessDenied: EXIT_ACCESS_DENIED,
+    InteractionRequired: EXIT_ACCESS_DENIED,
     StillInUse: EXIT_STILL_IN_USE,
     Internal: EXIT_FAILURE,
 }

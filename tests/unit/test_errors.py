@@ -9,6 +9,7 @@ from resourced import errors
 from resourced.cli._errors import EXIT_CODES, exit_code_for
 from resourced.errors import (
     ALL_ERRORS, ERROR_PREFIX, UNREACHABLE_NAMES, AccessDenied, DaemonUnreachable, GPUsBusy,
+    InteractionRequired,
     Internal, InvalidRequest, NoSuchClaim, NotClaimOwner, NotEnoughGPUs, NotProcessOwner,
     ResourcedError, StillInUse, error_from_bus,
 )
@@ -23,6 +24,7 @@ DOCUMENTED_EXIT_CODES = {
     NotProcessOwner: 7,
     NotClaimOwner: 7,
     AccessDenied: 8,
+    InteractionRequired: 8,
     StillInUse: 9,
 }
 
@@ -41,7 +43,7 @@ def test_bus_names_and_codes_are_unique():
 
 @pytest.mark.parametrize("cls", ALL_ERRORS, ids=lambda c: c.__name__)
 def test_bus_name_is_ours_unless_a_standard_one_fits(cls):
-    if cls in (InvalidRequest, AccessDenied):
+    if cls in (InvalidRequest, AccessDenied, InteractionRequired):
         assert cls.bus_name() == f"org.freedesktop.DBus.Error.{cls.code}"
     else:
         assert cls.bus_name() == ERROR_PREFIX + cls.code == f"org.resourced.Error.{cls.code}"

@@ -1,0 +1,88 @@
+"""Authorization through polkit, the way systemd's services do it.
+
+Rules (after systemd's bus-polkit helper): the subject is the caller's unique bus name,
+never a pid; root is accepted without asking; interactivity comes only from the message's
+ALLOW_INTERACTIVE_AUTHORIZATION flag; polkit missing or failing means *denied* (fail
+closed); "challenge" becomes InteractiveAuthorizationRequired.  The check is awaited, so
+other callers are served meanwhile; callers re-validate state after it returns.  On the
+session bus (one user) there is no polkit: the bus itself admits only that user.
+
+Every method of our interfaces is in ``METHOD_ACTIONS``; a test fails if one is missing.
+"""
+
+import logging
+
+from dbus_fast import Message, MessageFlag, MessageType, Variant
+
+from ..errors import AccessDenied, InteractionRequired
+from .names import CLAIM_IFACE, GPU_IFACE, MANAGER_IFACE
+
+log = logging.getLogger("resourced")
+
+CLAIM = "org.resourced.claim"
+RESERVE = "org.resourced.reserve"
+REQUEST_RECLAIM = "org.resourced.request-reclaim"
+RELEASE_OTHER = "org.resourced.release-other"
+MANAGE = "org.resourced.manage"
+ACTIONS = (CLAIM, RESERVE, REQUEST_RECLAIM, RELEASE_OTHER, MANAGE)
+
+READ = None
+"""Reading needs no authorization."""
+OWNER_OR_RELEASE_OTHER = "owner-or:" + RELEASE_OTHER
+"""The claim's own user may; anyone else needs release-other."""
+
+METHOD_ACTIONS = {
+    (MANAGER_IFACE, "Claim"): CLAIM,
+    (MANAGER_IFACE, "Release"): OWNER_OR_RELEASE_OTHER,
+    (MANAGER_IFACE, "ReleaseGPU"): OWNER_OR_RELEASE_OTHER,
+    (MANAGER_IFACE, "Reload"): MANAGE,
+    (MANAGER_IFACE, "Verify"): READ,
+    (MANAGER_IFACE, "Describe"): READ,
+    (MANAGER_IFACE, "GetClaim"): READ,
+    (MANAGER_IFACE, "ListClaims"): READ,
+    (MANAGER_IFACE, "ListGPUs"): READ,
+    (CLAIM_IFACE, "Release"): OWNER_OR_RELEASE_OTHER,
+}
+_INTERFACES_WITHOUT_METHODS = (GPU_IFACE,)
+
+_AUTHORITY = dict(
+    destination="org.freedesktop.PolicyKit1",
+    path="/org/freedesktop/PolicyKit1/Authority",
+    interface="org.freedesktop.PolicyKit1.Authority",
+)
+ALLOW_USER_INTERACTION = 1
+
+
+class Authority:
+    """Asks polkit whether the current caller may perform an action."""
+
+    def __init__(self, bus, enabled: bool):
+        self.bus = bus
+        self.enabled = enabled
+
+    async def check(self, msg: Message, uid: int, action: str, details: dict[str, str]) -> None:
+        """Return if allowed; raise AccessDenied or InteractionRequired if not."""
+        if not self.enabled or uid == 0:
+            return
+        interactive = bool(msg.flags & MessageFlag.ALLOW_INTERACTIVE_AUTHORIZATION)
+        try:
+            reply = await self.bus.call(Message(
+                **_AUTHORITY,
+                member="CheckAuthorization",
+                signature="(sa{sv})sa{ss}us",
+                body=[["system-bus-name", {"name": Variant("s", msg.sender)}], action,
+                      details, ALLOW_USER_INTERACTION if interactive else 0, ""],
+            ))
+        except Exception as exc:  # noqa: BLE001 - any failure to ask is a refusal
+            log.error("polkit check of %s failed: %s; denying", action, exc)
+            raise AccessDenied(f"cannot check authorization for {action}") from exc
+        if reply.message_type is not MessageType.METHOD_RETURN:
+            log.error("polkit refused to check %s: %s %s; denying", action, reply.error_name,
+                      reply.body[0] if reply.body else "")
+            raise AccessDenied(f"cannot check authorization for {action}")
+        authorized, challenge, _ = reply.body[0]
+        if authorized:
+            return
+        if challenge:
+            raise InteractionRequired(f"{action} needs authentication")
+        raise AccessDenied(f"uid {uid} is not authorized for {action}")
