@@ -1,18 +1,51 @@
 #!/bin/sh
 # Installs the Debian packages resourced's demo and tests need, when they are missing.
 # Root installs them with apt-get; anyone else is told the command to run.
+#
+# Everyone needs:
+#   dbus-daemon   private buses for the bus tests and the demo
+#   systemd       busctl
+#   python3-venv  venv and ensurepip for python3 (the project's .venv)
+# The multi-user tests (tests/system) need, and run only as root:
+#   python3-venv  for Debian's /usr/bin/python3: they install the project into a venv
+#                 that other users can run
+#   polkitd       the real polkit daemon
+#   util-linux    setpriv and runuser, to run commands as other users
+#   passwd        useradd, userdel, groupadd, groupdel, for their test users
+# Anyone but root is only told about those (the tests skip themselves without root).
 set -eu
+PATH="$PATH:/usr/sbin:/sbin"
 missing=""
 command -v dbus-daemon >/dev/null 2>&1 || missing="$missing dbus-daemon"
 command -v busctl >/dev/null 2>&1 || missing="$missing systemd"
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing="$missing python3-venv"
-[ -z "$missing" ] && exit 0
+
+system=""
+if [ -x /usr/bin/python3 ]; then
+    /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || system="$system python3-venv"
+else
+    system="$system python3 python3-venv"
+fi
+[ -x /usr/lib/polkit-1/polkitd ] || system="$system polkitd"
+{ command -v setpriv && command -v runuser; } >/dev/null 2>&1 || system="$system util-linux"
+{ command -v useradd && command -v groupadd; } >/dev/null 2>&1 || system="$system passwd"
+
 if [ "$(id -u)" -ne 0 ]; then
+    if [ -n "$system" ]; then
+        echo "the multi-user tests (tests/system, run as root) would need:$system" >&2
+    fi
+    [ -z "$missing" ] && exit 0
     echo "resourced needs these Debian packages:$missing" >&2
     echo "install them with: sudo apt-get install -y$missing" >&2
     exit 1
 fi
-echo "installing:$missing" >&2
+# Root: install both lists (python3-venv may be in both).
+all=""
+for p in $missing $system; do
+    case " $all " in *" $p "*) ;; *) all="$all $p" ;; esac
+done
+[ -z "$all" ] && exit 0
+echo "installing:$all" >&2
 DEBIAN_FRONTEND=noninteractive apt-get update -qq
 # shellcheck disable=SC2086
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $all
