@@ -16,6 +16,7 @@ bus when ``org.resourced`` is owned there, else the system bus.
 Errors raise ``resourced.ResourcedError`` subclasses with ``.code`` and ``.message``.
 """
 
+import contextlib
 import json
 import os
 
@@ -64,10 +65,12 @@ class _Base:
             msg.header.flags |= MessageFlag.allow_interactive_authorization
         return msg
 
-    def _claim_message(self, mode, gpus, owner_pid, label, task_name):
+    def _claim_message(self, mode, gpus, owner_pid, label, task_name, member_pids=()):
         options = {"Mode": ("s", mode)}
         if owner_pid is not None:
             options["OwnerPID"] = ("u", owner_pid)
+        if member_pids:
+            options["MemberPIDs"] = ("au", list(member_pids))
         if label:
             options["Label"] = ("s", label)
         if task_name:
@@ -167,9 +170,13 @@ class Client(_Base):
         return self._body(reply)
 
     def claim(self, mode: str = "dev", gpus: int = 1, task_name: str = "",
-              owner_pid: int | None = None, label: str = "", use_index: bool = False) -> dict:
-        """Claim GPUs; returns ``{"allocation": {"ref": ...}, "env": {...}}``."""
-        msg = self._claim_message(mode, gpus, owner_pid, label, task_name)
+              owner_pid: int | None = None, label: str = "", use_index: bool = False,
+              member_pids: tuple[int, ...] = ()) -> dict:
+        """Claim GPUs; returns ``{"allocation": {"ref": ...}, "env": {...}, "warnings": [...]}``.
+
+        ``member_pids`` are further processes of yours that belong to the claim from the
+        start (their descendants too), besides the owner."""
+        msg = self._claim_message(mode, gpus, owner_pid, label, task_name, member_pids)
         return self._decode_claim(self._send(msg), use_index)
 
     def release(self, ref: str, force: bool = False) -> list[str]:
@@ -195,6 +202,10 @@ class Client(_Base):
     def allocation(self, ref: str, use_index: bool = False) -> dict:
         """A live claim by reference, in the same shape ``claim`` returns."""
         return self._find_allocation(self.status(), ref, use_index)
+
+    def resources(self) -> dict:
+        """The advisory RAM/disk health: ``{"level": ..., "checks": [...]}`` (see README)."""
+        return self.status()["health"]
 
     def free(self) -> int:
         """How many GPUs are free now."""
@@ -258,8 +269,8 @@ class AsyncClient(_Base):
 
     async def claim(self, mode: str = "dev", gpus: int = 1, task_name: str = "",
                     owner_pid: int | None = None, label: str = "",
-                    use_index: bool = False) -> dict:
-        msg = self._claim_message(mode, gpus, owner_pid, label, task_name)
+                    use_index: bool = False, member_pids: tuple[int, ...] = ()) -> dict:
+        msg = self._claim_message(mode, gpus, owner_pid, label, task_name, member_pids)
         return self._decode_claim(await self._send(msg), use_index)
 
     async def release(self, ref: str, force: bool = False) -> list[str]:
@@ -279,6 +290,49 @@ class AsyncClient(_Base):
 
     async def free(self) -> int:
         return (await self._send(self._get_property("FreeGPUs")))[0][1]
+
+    async def resources(self) -> dict:
+        return (await self.status())["health"]
+
+    async def level_changes(self, check: str | None = None):
+        """Every LevelChanged from now on (of ``check``, if given), as an async iterator of
+        ``{"check", "old", "new", "reason"}``; the subscription lasts as long as the loop."""
+        from jeepney import MatchRule
+        from jeepney.bus_messages import message_bus
+
+        router = await self._connection()
+        fields = dict(type="signal", interface=MANAGER_IFACE, member="LevelChanged",
+                      path=MANAGER_PATH)
+        # The bus resolves the well-known sender name; jeepney's local filter cannot (the
+        # messages carry the daemon's unique name), so it matches on the rest.
+        rule = MatchRule(sender=BUS_NAME, **fields)
+        with router.filter(MatchRule(**fields), bufsize=64) as queue:
+            await router.send_and_get_reply(message_bus.AddMatch(rule))
+            try:
+                while True:
+                    name, old, new, reason = (await queue.get()).body
+                    if check is None or name == check:
+                        yield {"check": name, "old": old, "new": new, "reason": reason}
+            finally:
+                with contextlib.suppress(Exception):  # closing: the bus drops it with us anyway
+                    await router.send(message_bus.RemoveMatch(rule))
+
+    async def wait_level_change(self, check: str | None = None,
+                                levels: tuple[str, ...] | None = None,
+                                timeout: float | None = None) -> dict:
+        """Wait for the next LevelChanged (of ``check``, to one of ``levels``, if given);
+        raises ``TimeoutError`` after ``timeout`` seconds.  A training loop can checkpoint
+        and stop on STOP::
+
+            change = await client.wait_level_change(levels=("STOP",))
+        """
+        import asyncio
+
+        async with asyncio.timeout(timeout):
+            async with contextlib.aclosing(self.level_changes(check)) as changes:
+                async for change in changes:
+                    if levels is None or change["new"] in levels:
+                        return change
 
     async def ping(self) -> None:
         await self._send(new_method_call(_PEER, "Ping"))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from .backends import Backend, NoGpus
 from .config import DaemonConfig, GpuEntry
-from .core.attribution import attribute, descendants, owners_by_process
+from .core.attribution import attribute, claim_processes, descendants
 from .core.claims import Claim, ClaimRequest, ProcessRef
 from .core.inventory import Gpu
 from .core.ledger import ClaimGranted, ClaimReleased, Event, Ledger, OwnerDied
@@ -36,8 +36,9 @@ from .errors import (
 from .evidence.gpuprobe import GpuEvidence, GpuProbe
 from .evidence.liveness import ExitWatcher
 from .evidence.processes import process_ref, process_uid
-from .evidence.proctable import command_line, read_table, user_name
+from .evidence.proctable import ancestry, command_line, read_table, user_name
 from .sd import audit
+from .threads import off_loop
 
 log = logging.getLogger("resourced")
 
@@ -100,13 +101,18 @@ class Engine:
         watch their processes (owners that died meanwhile are handled at once)."""
         loop = asyncio.get_running_loop()
         self._watcher = ExitWatcher(loop, self._process_exited)
+        failure = ""
         try:
             self.present = await self._off_loop(self.backend.inventory)
+        except asyncio.TimeoutError:
+            failure = (f"{self.backend.name} backend did not answer within "
+                       f"{self.settings.probe_timeout:g} s")
         except Exception as exc:  # noqa: BLE001 - any backend failure leaves us GPU-less
-            self.backend_note = f"{self.backend.name} backend failed: {exc}"
-            self.backend = NoGpus(self.backend_note)
+            failure = f"{self.backend.name} backend failed: {exc}"
+        if failure:
+            self.backend_note = failure
+            self.backend = NoGpus(failure)
             self.probe = GpuProbe(self.backend, self.settings.probe_timeout)
-            self.present = []
         gpus, self.missing = managed_gpus(self.present, self.configured)
         self.ledger = Ledger(gpus)
         if not gpus:
@@ -126,7 +132,6 @@ class Engine:
             self._tracker.cancel()
         if self._watcher:
             self._watcher.close()
-        self.probe.close()
 
     def apply_settings(self, settings: DaemonConfig) -> None:
         """Take new [daemon] settings on a reload (those that need no restart)."""
@@ -138,17 +143,17 @@ class Engine:
 
     # -- operations --------------------------------------------------------------------
     async def claim(self, caller: Caller, gpus: int, mode: str, owner_pid: int | None = None,
-                    label: str = "", task_name: str = "") -> tuple[Claim, list[str]]:
-        """Grant GPUs, all or nothing; returns the claim and any warnings."""
-        pid = caller.pid if owner_pid is None else owner_pid
-        owner = process_ref(pid)
-        if owner is None:
-            raise InvalidRequest(f"owner process {pid} does not exist")
-        if caller.uid != 0 and process_uid(pid) != caller.uid:
-            raise NotProcessOwner(f"process {pid} does not belong to uid {caller.uid}")
+                    label: str = "", task_name: str = "",
+                    member_pids: tuple[int, ...] = ()) -> tuple[Claim, list[str]]:
+        """Grant GPUs, all or nothing; returns the claim and any warnings.
+
+        ``member_pids`` are further processes of the caller that belong to the claim from
+        the start (gpuctl run's wrapper, which adopts the command's orphans)."""
+        owner = _callers_process(caller, caller.pid if owner_pid is None else owner_pid, "owner")
+        members = frozenset(_callers_process(caller, pid, "member") for pid in member_pids)
         user = await self._user_name(caller.uid)
         request = ClaimRequest(gpus=gpus, mode=mode, owner=owner, uid=caller.uid, user=user,
-                               label=label, task_name=task_name)
+                               label=label, task_name=task_name, members=members)
         evidence = await self.probe.processes()
         busy, warnings = self._busy_gpus(evidence)
         # The decision: synchronous from here on, on the ledger as it is now.
@@ -173,10 +178,9 @@ class Engine:
         warnings = []
         if not force:
             evidence = await self.probe.processes()
-            table = await self._off_loop(read_table)
-            claim = self._check_owner(caller, self.ledger.get(claim_id), admin)  # re-validate
+            in_use = await self._processes_on_gpus_of(self.ledger.get(claim_id), evidence)
+            self._check_owner(caller, self.ledger.get(claim_id), admin)  # re-validate
             if evidence.known:
-                in_use = self._claim_processes_on_gpus(claim, evidence, table)
                 if in_use:
                     listed = ", ".join(f"pid {pid} ({command_line(pid) or '?'})" for pid in in_use)
                     raise StillInUse(f"claim {claim_id} still has processes on its GPUs: {listed}; "
@@ -198,17 +202,16 @@ class Engine:
         """Compare the claims with the compute processes the driver reports on each GPU."""
         evidence = await self.probe.processes()
         pids = [p.pid for procs in (evidence.processes or {}).values() for p in procs]
-        table, details = await self._off_loop(_observe, pids)
-        self._adopt(table)
-        owned = owners_by_process(table, self.ledger.claims.values())
+        chains, details = await self._off_loop(_observe, pids)
+        owned = claim_processes(self.ledger.claims.values())
         seen = None
         if evidence.known:
             seen = {}
             for uuid, procs in evidence.processes.items():
                 seen[uuid] = []
                 for p in procs:
-                    who = attribute(p.pid, table, owned)
-                    uid, user, command = details.get(p.pid, (-1, "", ""))
+                    who = attribute(chains[p.pid], owned)
+                    uid, user, command = details[p.pid]
                     seen[uuid].append(SeenProcess(p.pid, p.used_memory_bytes, uid, user, command,
                                                   who.claim_id, who.ambiguous))
         missing = [(e.uuid, e.alias or "", e.index if e.index is not None else -1)
@@ -239,13 +242,16 @@ class Engine:
                 log.warning("%s is unclaimed but busy (%s); not granting it", gpu.label, what)
         return frozenset(busy), []
 
-    @staticmethod
-    def _claim_processes_on_gpus(claim: Claim, evidence: GpuEvidence, table) -> list[int]:
-        owned = owners_by_process(table, [claim])
-        return sorted({
-            p.pid for uuid in claim.gpus for p in evidence.processes.get(uuid, [])
-            if attribute(p.pid, table, owned).claim_id == claim.id
-        })
+    async def _processes_on_gpus_of(self, claim: Claim, evidence: GpuEvidence) -> list[int]:
+        """The pids on the claim's GPUs that are the claim's own (empty if unknown)."""
+        if not evidence.known:
+            return []
+        listed = {p.pid for uuid in claim.gpus for p in evidence.processes.get(uuid, [])}
+        if not listed:
+            return []  # the common case: nothing to attribute, no /proc to read
+        chains = await self._off_loop(_ancestries, sorted(listed))
+        owned = claim_processes([claim])
+        return [pid for pid, chain in chains.items() if attribute(chain, owned).claim_id == claim.id]
 
     async def _track(self) -> None:
         """While claims exist, adopt descendants and release claims of long-dead owners."""
@@ -276,9 +282,10 @@ class Engine:
         evidence = await self.probe.processes()
         if not evidence.known:
             return  # no trustworthy evidence: keep the claims
-        table = await self._off_loop(read_table)
         for claim in due:
-            if claim.id in self.ledger.claims and not self._claim_processes_on_gpus(claim, evidence, table):
+            if claim.id not in self.ledger.claims or await self._processes_on_gpus_of(claim, evidence):
+                continue
+            if claim.id in self.ledger.claims:  # still there after the await
                 self._end(claim.id, "dead-owner", None,
                           f"owner {claim.owner.pid} dead for {self.settings.dead_owner_grace:g} s")
 
@@ -370,9 +377,7 @@ class Engine:
 
     async def _off_loop(self, fn, *args):
         """Run a blocking call in a thread; give up waiting after ``probe_timeout``."""
-        loop = asyncio.get_running_loop()
-        return await asyncio.wait_for(loop.run_in_executor(None, fn, *args),
-                                      self.settings.probe_timeout)
+        return await off_loop(fn, *args, timeout=self.settings.probe_timeout)
 
     async def _user_name(self, uid: int) -> str:
         if uid not in self._user_names:
@@ -384,12 +389,26 @@ class Engine:
         return self._user_names[uid]
 
 
+def _callers_process(caller: Caller, pid: int, role: str) -> ProcessRef:
+    """The live process ``pid``, which must be the caller's own (root may name any)."""
+    ref = process_ref(pid)
+    if ref is None:
+        raise InvalidRequest(f"{role} process {pid} does not exist")
+    if caller.uid != 0 and process_uid(pid) != caller.uid:
+        raise NotProcessOwner(f"process {pid} does not belong to uid {caller.uid}")
+    return ref
+
+
+def _ancestries(pids: list[int]) -> dict:
+    """Each pid's ancestry, itself first (blocking: reads /proc)."""
+    return {pid: ancestry(pid) for pid in pids}
+
+
 def _observe(pids: list[int]):
-    """The process table, and (uid, user, command) for each of ``pids`` (blocking)."""
-    table = read_table()
+    """Each pid's ancestry, and its (uid, user, command) (blocking)."""
+    chains = _ancestries(pids)
     details = {}
-    for pid in pids:
-        info = table.get(pid)
-        uid = info.uid if info else -1
+    for pid, chain in chains.items():
+        uid = chain[0].uid if chain else -1
         details[pid] = (uid, user_name(uid), command_line(pid))
-    return table, details
+    return chains, details

@@ -22,7 +22,6 @@ import logging
 import os
 import stat
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from .core.claims import Claim, ProcessRef
@@ -45,9 +44,15 @@ class StoreBusy(StoreError):
 
 
 def claim_to_record(claim: Claim) -> dict:
-    record = asdict(claim)
-    record["members"] = sorted([m.pid, m.start_time] for m in claim.members)
-    return record
+    # Written out rather than dataclasses.asdict, which deep-copies: this is on every grant.
+    return {
+        "id": claim.id, "mode": claim.mode, "gpus": list(claim.gpus),
+        "owner": {"pid": claim.owner.pid, "start_time": claim.owner.start_time},
+        "uid": claim.uid, "user": claim.user, "label": claim.label,
+        "task_name": claim.task_name, "created_usec": claim.created_usec,
+        "owner_alive": claim.owner_alive, "owner_died_usec": claim.owner_died_usec,
+        "members": sorted([m.pid, m.start_time] for m in claim.members),
+    }
 
 
 def claim_from_record(data: dict) -> Claim:

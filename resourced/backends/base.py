@@ -21,6 +21,8 @@ class GpuProcess:
 class Backend(Protocol):
     name: str
     """``nvml``, ``simulated`` or ``none``."""
+    blocking: bool
+    """Whether answering may block (I/O, a driver); if not, it is asked on the event loop."""
 
     def inventory(self) -> list[Gpu]:
         """The GPUs present now."""
@@ -33,6 +35,7 @@ class NoGpus:
     """The placeholder when neither NVML nor a simulation is available; says why."""
 
     name = "none"
+    blocking = False
 
     def __init__(self, reason: str):
         self.reason = reason

@@ -11,9 +11,12 @@ def nvml_errors():
     """Translate NVML's exceptions into BackendError, the one error backends raise."""
     import pynvml
 
+    # NVMLLibraryMismatchError (a driver older than the bindings) is no NVMLError, and
+    # older bindings do not define it.
+    errors = (pynvml.NVMLError, getattr(pynvml, "NVMLLibraryMismatchError", pynvml.NVMLError))
     try:
         yield pynvml
-    except pynvml.NVMLError as exc:
+    except errors as exc:
         raise BackendError(f"NVML: {exc}") from exc
 
 
@@ -23,6 +26,7 @@ def _text(value) -> str:
 
 class NvmlBackend:
     name = "nvml"
+    blocking = True
 
     def __init__(self, handles: list):
         self._handles = handles  # cached device handles, in NVML index order

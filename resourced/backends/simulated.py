@@ -31,6 +31,7 @@ class SimulatedBackend:
     def __init__(self, count: int | None = None, path: str | None = None):
         self.count = count
         self.path = path
+        self.blocking = path is not None  # a count is answered from memory
 
     @classmethod
     def from_setting(cls, value: str) -> "SimulatedBackend":
@@ -60,6 +61,8 @@ class SimulatedBackend:
 
     def processes(self) -> dict[str, list[GpuProcess]]:
         """One reading of the file, so GPUs and processes always come from the same state."""
+        if self.path is None:  # N idle GPUs
+            return {simulated_uuid(i): [] for i in range(self.count or 0)}
         return {_gpu(e).uuid: _processes(e) for e in self._entries()}
 
 

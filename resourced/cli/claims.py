@@ -50,7 +50,8 @@ def run(gpus, allocation, use_index, label, task_name, bus, command):
                 granted = c.allocation(allocation, use_index)
             else:
                 granted = c.claim(mode="run", gpus=gpus or 1, owner_pid=child.pid, label=label,
-                                  task_name=task_name, use_index=use_index)
+                                  task_name=task_name, use_index=use_index,
+                                  member_pids=[os.getpid()])
         except BaseException:
             child.cancel()
             raise

@@ -8,12 +8,26 @@ claim fails, the pipe closes empty and the child exits without running anything.
 
 While the command runs, gpuctl forwards SIGTERM and SIGHUP, and SIGINT/SIGQUIT when a
 process sent them (a terminal's Ctrl-C already reaches the whole foreground group).
+
+gpuctl makes itself a *child subreaper*: a background process the command leaves behind
+is re-parented to gpuctl instead of init, so it stays in the claim's process tree (gpuctl
+is a member of the claim) however quickly the command exits, and the release check sees it.
 """
 
+import ctypes
 import json
 import os
 import signal
 import sys
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants are re-parented to this process rather than to init."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 FORWARDED = {signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT}
 TERMINAL_SIGNALS = {signal.SIGINT, signal.SIGQUIT}
@@ -26,6 +40,7 @@ class PendingChild:
     """A forked child that runs ``argv`` once it is given an environment."""
 
     def __init__(self, argv: list[str]):
+        become_subreaper()
         self._old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED | {signal.SIGCHLD})
         read_end, self._write_end = os.pipe()
         self.pid = os.fork()
@@ -49,6 +64,21 @@ class PendingChild:
             sys.stderr.flush()
             os._exit(EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_CANNOT_EXECUTE)
 
+    def _reap(self) -> int | None:
+        """Reap every child that exited (orphans come to us too); the command's exit code
+        once it is among them."""
+        code = None
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return code
+            if pid == 0:
+                return code
+            if pid == self.pid:
+                code = os.waitstatus_to_exitcode(status)
+                code = 128 - code if code < 0 else code
+
     def cancel(self) -> None:
         """Let the child exit without running the command."""
         os.close(self._write_end)
@@ -68,10 +98,9 @@ class PendingChild:
         while True:
             info = signal.sigwaitinfo(FORWARDED | {signal.SIGCHLD})
             if info.si_signo == signal.SIGCHLD:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-                if pid:
-                    code = os.waitstatus_to_exitcode(status)
-                    return 128 - code if code < 0 else code
+                code = self._reap()
+                if code is not None:
+                    return code
             elif info.si_signo not in TERMINAL_SIGNALS or info.si_code != SI_KERNEL:
                 try:
                     os.kill(self.pid, info.si_signo)

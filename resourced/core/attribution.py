@@ -8,7 +8,7 @@ nested pid namespace whose pids mean something else) is *ambiguous*: reported as
 never guessed.
 """
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .claims import Claim, ProcessRef
@@ -50,20 +50,19 @@ def descendants(table: Mapping[int, ProcInfo], roots: Iterable[ProcessRef]) -> s
     return found
 
 
-def owners_by_process(table: Mapping[int, ProcInfo], claims: Iterable[Claim]) -> dict[ProcessRef, str]:
-    """Every living process that belongs to a claim, mapped to the claim's id."""
-    owned: dict[ProcessRef, str] = {}
-    for claim in claims:
-        roots = claim.processes()
-        for ref in roots | descendants(table, roots):
-            owned.setdefault(ref, claim.id)
-    return owned
+def claim_processes(claims: Iterable[Claim]) -> dict[ProcessRef, str]:
+    """The claims' own processes (owners and members), mapped to the claim's id."""
+    return {ref: claim.id for claim in claims for ref in claim.processes()}
 
 
-def attribute(pid: int, table: Mapping[int, ProcInfo], owned: Mapping[ProcessRef, str]) -> Attribution:
-    info = table.get(pid)
-    if info is None:
+def attribute(chain: Sequence[ProcInfo], owned: Mapping[ProcessRef, str]) -> Attribution:
+    """Attribute a process from its ancestry (itself first, then its parent, up to init):
+    it belongs to the first claim whose process is on that chain."""
+    if not chain:
         return Attribution(ambiguous="not visible here: another pid namespace, or already gone")
-    if info.nested_namespace:
+    if chain[0].nested_namespace:
         return Attribution(ambiguous="runs in another pid namespace")
-    return Attribution(claim_id=owned.get(info.ref, ""))
+    for info in chain:
+        if info.ref in owned:
+            return Attribution(claim_id=owned[info.ref])
+    return Attribution()

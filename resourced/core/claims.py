@@ -27,6 +27,7 @@ class ClaimRequest:
     user: str = ""
     label: str = ""
     task_name: str = ""
+    members: frozenset[ProcessRef] = frozenset()
 
     def __post_init__(self):
         if self.mode not in MODES:

@@ -106,6 +106,7 @@ class Ledger:
             label=request.label,
             task_name=request.task_name,
             created_usec=now_usec,
+            members=request.members - {request.owner},
         )
         self.claims[claim_id] = claim
         for uuid in chosen:

@@ -8,10 +8,10 @@ once until the hung call returns.  Concurrent probes share one call.
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..backends import Backend, BackendError, GpuProcess
+from ..threads import DaemonThreads
 
 
 @dataclass(frozen=True)
@@ -30,11 +30,16 @@ class GpuProbe:
     def __init__(self, backend: Backend, timeout: float):
         self.backend = backend
         self.timeout = timeout
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-probe")
+        self._executor = DaemonThreads("gpu-probe")  # one call in flight at a time, see below
         self._inflight: asyncio.Future | None = None
         self._started = 0.0
 
     async def processes(self) -> GpuEvidence:
+        if not self.backend.blocking:
+            try:
+                return GpuEvidence(self.backend.processes())
+            except BackendError as exc:
+                return GpuEvidence(None, str(exc))
         loop = asyncio.get_running_loop()
         if self._inflight is not None and self._inflight.done():
             self._inflight = None
@@ -55,5 +60,3 @@ class GpuProbe:
             return GpuEvidence(None, str(exc))
         return GpuEvidence(result)
 
-    def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -36,7 +36,11 @@ def process_ref(pid: int) -> ProcessRef | None:
 
 def is_alive(ref: ProcessRef) -> bool:
     """True while the very process ``ref`` names runs (a reused pid is another process)."""
-    return process_ref(ref.pid) == ref
+    try:
+        fields = _stat_fields(ref.pid)
+    except (OSError, ValueError):
+        return False
+    return fields[0] not in ("Z", "X") and int(fields[19]) == ref.start_time
 
 
 def process_uid(pid: int) -> int | None:

@@ -50,6 +50,21 @@ def read_table() -> dict[int, ProcInfo]:
     return table
 
 
+MAX_DEPTH = 4096
+
+
+def ancestry(pid: int) -> list[ProcInfo]:
+    """The process and its ancestors up to init; empty if the process is not visible."""
+    chain: list[ProcInfo] = []
+    while pid > 0 and len(chain) < MAX_DEPTH:
+        info = read_process(pid)
+        if info is None:
+            break
+        chain.append(info)
+        pid = info.ppid
+    return chain
+
+
 def command_line(pid: int, limit: int = 200) -> str:
     try:
         with open(f"{PROC}/{pid}/cmdline", "rb") as f:

@@ -1,10 +1,10 @@
-"""Which claim a process belongs to, from a process-table snapshot: no /proc, no clock."""
+"""Which claim a process belongs to, from process-table rows: no /proc, no clock."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from resourced.core.attribution import (
-    Attribution, ProcInfo, attribute, descendants, owners_by_process,
+    Attribution, ProcInfo, attribute, claim_processes, descendants,
 )
 from resourced.core.claims import Claim, ProcessRef
 
@@ -67,105 +67,109 @@ def test_descendants_of_an_empty_table_are_none():
     assert descendants({}, [ref(1)]) == set()
 
 
-# -- owners_by_process ------------------------------------------------------------------
+# -- claim_processes ----------------------------------------------------------------------
 
 
-def test_owner_and_its_descendants_belong_to_the_claim():
-    owned = owners_by_process(TREE, [claim("c1", ref(11))])
-    assert owned == {ref(p): "c1" for p in (11, 12, 13, 14)}
+def test_claim_processes_are_owners_and_members_by_claim():
+    c1 = claim("c1", ref(11), members=[ref(13)])
+    c2 = claim("c2", ref(20))
+    assert claim_processes([c1, c2]) == {ref(11): "c1", ref(13): "c1", ref(20): "c2"}
 
 
-def test_each_claim_owns_its_own_subtree():
-    owned = owners_by_process(TREE, [claim("c1", ref(12)), claim("c2", ref(13))])
-    assert owned == {ref(12): "c1", ref(13): "c2", ref(14): "c2"}
+def test_a_dead_owner_is_not_a_claim_process_but_its_members_are():
+    c = claim("c1", ref(11), members=[ref(13), ref(14)], owner_alive=False)
+    assert claim_processes([c]) == {ref(13): "c1", ref(14): "c1"}
 
 
-def test_a_dead_owner_owns_nothing_but_its_members_still_do():
-    # The owner's pid 11 now names another process (reused): nothing follows from it.
-    after = table(proc(1, 0), proc(11, 1, start=999), proc(12, 1), proc(13, 1), proc(14, 13))
-    c = claim("c1", ref(11), members=[ref(13)], owner_alive=False)
-    assert owners_by_process(after, [c]) == {ref(13): "c1", ref(14): "c1"}
+def test_no_claims_have_no_processes():
+    assert claim_processes([]) == {}
 
 
-def test_no_claims_own_nothing():
-    assert owners_by_process(TREE, []) == {}
+# -- attribute ----------------------------------------------------------------------------
 
 
-def test_members_and_their_descendants_belong_to_the_claim():
-    c = claim("c1", ref(20), members=[ref(13)])
-    assert owners_by_process(TREE, [c]) == {ref(20): "c1", ref(13): "c1", ref(14): "c1"}
+def chain(tab: dict[int, ProcInfo], pid: int) -> list[ProcInfo]:
+    """The process and its ancestors, as evidence.proctable.ancestry reads them from /proc."""
+    found = []
+    while pid in tab:
+        found.append(tab[pid])
+        pid = tab[pid].ppid
+    return found
 
 
-# -- attribute --------------------------------------------------------------------------
-
-
-def owned_by(tab, *claims):
-    return owners_by_process(tab, claims)
+def who(tab, pid, *claims) -> Attribution:
+    return attribute(chain(tab, pid), claim_processes(claims))
 
 
 def test_the_owner_a_child_and_a_grandchild_are_attributed():
-    owned = owned_by(TREE, claim("c1", ref(11)))
+    c = claim("c1", ref(11))
     for pid in (11, 12, 14):
-        assert attribute(pid, TREE, owned) == Attribution(claim_id="c1")
+        assert who(TREE, pid, c) == Attribution(claim_id="c1")
 
 
 def test_an_unrelated_process_is_attributed_to_no_claim_and_is_not_ambiguous():
-    owned = owned_by(TREE, claim("c1", ref(11)))
-    assert attribute(20, TREE, owned) == Attribution()
-    assert attribute(10, TREE, owned) == Attribution()  # the owner's parent is not the claim's
+    c = claim("c1", ref(11))
+    assert who(TREE, 20, c) == Attribution()
+    assert who(TREE, 10, c) == Attribution()  # the owner's parent is not the claim's
+    assert who(TREE, 1, c) == Attribution()
+
+
+def test_each_claim_gets_its_own_subtree_and_the_nearest_claim_wins():
+    outer, inner = claim("outer", ref(11)), claim("inner", ref(13))
+    assert who(TREE, 12, outer, inner).claim_id == "outer"
+    assert who(TREE, 13, outer, inner).claim_id == "inner"
+    assert who(TREE, 14, outer, inner).claim_id == "inner"  # the first claim up its chain
 
 
 def test_a_reused_pid_is_not_attributed():
     """Same pid as the owner, another start time: another process, no claim."""
     reused = table(proc(1, 0), proc(11, 1, start=12345), proc(12, 11, start=12346))
-    owned = owned_by(reused, claim("c1", ref(11)))
-    assert attribute(11, reused, owned) == Attribution()
-    assert attribute(12, reused, owned) == Attribution()
+    c = claim("c1", ref(11))
+    assert who(reused, 11, c) == Attribution()
+    assert who(reused, 12, c) == Attribution()
 
 
 def test_a_reused_member_pid_is_not_attributed():
-    after = table(proc(1, 0), proc(30, 1), proc(13, 1, start=777))
-    owned = owned_by(after, claim("c1", ref(30), members=[ref(13)]))
-    assert attribute(13, after, owned) == Attribution()
+    after = table(proc(1, 0), proc(30, 1), proc(13, 1, start=777), proc(16, 13))
+    c = claim("c1", ref(30), members=[ref(13)])
+    assert who(after, 13, c) == Attribution()
+    assert who(after, 16, c) == Attribution()
 
 
-def test_a_pid_missing_from_the_table_is_ambiguous():
-    owned = owned_by(TREE, claim("c1", ref(11)))
-    who = attribute(4242, TREE, owned)
-    assert who.claim_id == "" and "not visible" in who.ambiguous
+def test_a_process_that_is_not_visible_is_ambiguous():
+    who_ = who(TREE, 4242, claim("c1", ref(11)))
+    assert who_.claim_id == "" and "not visible" in who_.ambiguous
+    assert attribute([], {}) == who_
 
 
 def test_a_process_in_a_nested_pid_namespace_is_ambiguous_even_below_the_owner():
     tab = table(proc(1, 0), proc(11, 1), proc(12, 11, nested=True))
-    owned = owned_by(tab, claim("c1", ref(11)))
-    who = attribute(12, tab, owned)
-    assert who.claim_id == "" and "namespace" in who.ambiguous
+    who_ = who(tab, 12, claim("c1", ref(11)))
+    assert who_.claim_id == "" and "namespace" in who_.ambiguous
 
 
 def test_members_stay_the_claims_after_reparenting_to_init():
     """A worker adopted as a member keeps belonging once its parent exits (ppid 1)."""
-    before = TREE
     c = claim("c1", ref(11))
-    c.members = frozenset(descendants(before, c.processes()))
-    after = table(proc(1, 0), proc(11, 10), proc(13, 1), proc(14, 13), proc(20, 1))  # 12 exited
-    owned = owned_by(after, c)
-    assert attribute(13, after, owned) == Attribution(claim_id="c1")
-    assert attribute(14, after, owned) == Attribution(claim_id="c1")
-    assert attribute(20, after, owned) == Attribution()
+    c.members = frozenset(descendants(TREE, c.processes()))
+    after = table(proc(1, 0), proc(10, 1), proc(11, 10), proc(13, 1), proc(14, 13),
+                  proc(20, 1))  # 12 exited; 13 was re-parented to init
+    assert who(after, 13, c) == Attribution(claim_id="c1")
+    assert who(after, 14, c) == Attribution(claim_id="c1")
+    assert who(after, 20, c) == Attribution()
 
 
 def test_members_stay_the_claims_after_the_owner_died_too():
     c = claim("c1", ref(11), members=[ref(12)], owner_alive=False)
     after = table(proc(1, 0), proc(12, 1), proc(15, 12))
-    owned = owned_by(after, c)
-    assert attribute(12, after, owned).claim_id == "c1"
-    assert attribute(15, after, owned).claim_id == "c1"
+    assert who(after, 12, c).claim_id == "c1"
+    assert who(after, 15, c).claim_id == "c1"  # started after the members were recorded
 
 
-def test_a_process_new_since_the_members_were_recorded_but_below_one_is_attributed():
-    c = claim("c1", ref(11), members=[ref(13)], owner_alive=False)
-    after = table(proc(1, 0), proc(13, 1), proc(16, 13))
-    assert attribute(16, after, owned_by(after, c)).claim_id == "c1"
+def test_a_dead_owners_pid_alone_attributes_nothing():
+    c = claim("c1", ref(11), owner_alive=False)
+    assert who(TREE, 11, c) == Attribution()
+    assert who(TREE, 12, c) == Attribution()
 
 
 # -- random process forests -------------------------------------------------------------
@@ -174,7 +178,7 @@ def test_a_process_new_since_the_members_were_recorded_but_below_one_is_attribut
 @st.composite
 def forests(draw):
     """A process table in which every parent has a lower pid (pid 1 the only root), and
-    a few pids chosen as claim roots."""
+    a few pids chosen as claim processes."""
     n = draw(st.integers(1, 40))
     parents = [0] + [draw(st.integers(1, pid - 1)) for pid in range(2, n + 1)]
     tab = {pid: proc(pid, parents[pid - 1]) for pid in range(1, n + 1)}
@@ -204,18 +208,15 @@ def test_descendants_agree_with_walking_up_the_parents(forest):
 
 @settings(max_examples=200, deadline=None)
 @given(forests(), st.data())
-def test_attribute_gives_the_claim_to_exactly_its_roots_and_their_subtrees(forest, data):
+def test_attribute_gives_the_claim_to_exactly_its_processes_and_their_descendants(forest, data):
     tab, roots = forest
-    c = claim("c1", ref(min(roots)) if roots else ref(10_000),
-              members=[tab[p].ref for p in roots])
-    owned = owners_by_process(tab, [c])
-    inside = reference_descendants(tab, roots) | {tab[p].ref for p in roots}
+    c = claim("c1", ref(10_000), members=[tab[p].ref for p in roots])
+    inside = descendants(tab, c.processes()) | c.processes()
     for pid, info in tab.items():
-        who = attribute(pid, tab, owned)
-        assert who.ambiguous == ""
-        assert (who.claim_id == "c1") == (info.ref in inside)
+        got = attribute(chain(tab, pid), claim_processes([c]))
+        assert got.ambiguous == ""
+        assert (got.claim_id == "c1") == (info.ref in inside)
     # The same pids with other start times (every pid reused) belong to nobody.
     reused = {pid: proc(pid, info.ppid, start=info.start_time + 1) for pid, info in tab.items()}
-    owned = owners_by_process(reused, [c])
     pid = data.draw(st.sampled_from(sorted(tab)))
-    assert attribute(pid, reused, owned) == Attribution()
+    assert attribute(chain(reused, pid), claim_processes([c])) == Attribution()
