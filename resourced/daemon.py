@@ -26,6 +26,7 @@ from .bus.manager import ManagerInterface
 from .bus.names import BUS_NAME
 from .config import Config, ConfigError, find_config, load_config, reload_changes
 from .engine import Engine
+from .health_monitor import HealthMonitor
 from .evidence.processes import boot_id
 from .sd import notify, reloading, run_watchdog, setup_logging, watchdog_interval
 from .store import ClaimStore, StoreBusy, StoreError
@@ -84,10 +85,11 @@ def status_line(engine: Engine) -> str:
 class Reloader:
     """Re-reads the configuration file and applies what needs no restart."""
 
-    def __init__(self, path: Path | None, config: Config, engine: Engine):
+    def __init__(self, path: Path | None, config: Config, engine: Engine, health: HealthMonitor):
         self.path = path
         self.config = config
         self.engine = engine
+        self.health = health
 
     def reload(self) -> tuple[list[str], list[str]]:
         """(keys applied, keys that need a restart); ConfigError keeps the old config."""
@@ -101,6 +103,7 @@ class Reloader:
             notify("READY=1")
         applied, restart = reload_changes(self.config, new)
         self.engine.apply_settings(new.daemon)
+        self.health.apply(new.checks, new.daemon.sample_interval, new.daemon.probe_timeout)
         self.config = new
         log.info("configuration reloaded from %s; applied: %s; needs a restart: %s",
                  self.path or "defaults", ", ".join(applied) or "nothing",
@@ -175,9 +178,13 @@ async def serve(args: argparse.Namespace) -> int:
     engine = Engine(select_backend(), store if config.daemon.persist else None,
                     config.daemon, config.gpus)
     await engine.start(restored)
-    reloader = Reloader(config_path, config, engine)
-    manager = ManagerInterface(bus, engine, args.mode, reloader.reload)
+    health = HealthMonitor(config.checks, config.daemon.sample_interval,
+                           config.daemon.probe_timeout)
+    await health.sample_now()  # so the first answer never shows "not measured yet"
+    reloader = Reloader(config_path, config, engine, health)
+    manager = ManagerInterface(bus, engine, args.mode, health, reloader.reload)
     manager.export()
+    sampling = asyncio.ensure_future(health.run())
     if not args.replace:
         try:
             await take_name(bus, args.mode, replace=False)
@@ -202,6 +209,8 @@ async def serve(args: argparse.Namespace) -> int:
     await asyncio.wait({disconnected, stopping}, return_when=asyncio.FIRST_COMPLETED)
     notify("STOPPING=1")
     stopping.cancel()
+    sampling.cancel()
+    health.close()
     if watchdog:
         watchdog.cancel()
     engine.close()

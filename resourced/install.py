@@ -24,6 +24,7 @@ MODES = (USER, SYSTEM)
 
 SYSTEM_UNIT = "resourced.service"
 USER_UNIT = "resourced-user.service"
+NOTIFY_UNIT = "resourced-notify.service"  # written, never enabled: each user's own choice
 DEFAULT_SYSTEM_CONFIG = "/etc/resourced/config.toml"
 ACCOUNT = "resourced"
 SYSUSERS_CONF = "/usr/lib/sysusers.d/resourced.conf"
@@ -50,6 +51,7 @@ SYSTEM_FILES = (
     Template("dbus/org.resourced.service",
              "/usr/share/dbus-1/system-services/org.resourced.service"),
     Template("systemd/resourced.sysusers", SYSUSERS_CONF),
+    Template(f"systemd/{NOTIFY_UNIT}", f"/etc/systemd/user/{NOTIFY_UNIT}", UNIT),
 )
 POLKIT_FILES = (
     Template("polkit/org.resourced.policy", "/usr/share/polkit-1/actions/org.resourced.policy"),
@@ -62,6 +64,7 @@ USER_FILES = (
     Template("systemd/resourced-user.service", f"$CONFIG/systemd/user/{USER_UNIT}", UNIT),
     Template("dbus/org.resourced.session.service",
              "$DATA/dbus-1/services/org.resourced.service", DBUS),
+    Template(f"systemd/{NOTIFY_UNIT}", f"$CONFIG/systemd/user/{NOTIFY_UNIT}", UNIT),
 )
 
 # Directories that ProtectHome=yes hides from the system service.

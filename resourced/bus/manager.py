@@ -16,22 +16,25 @@ from ..core.inventory import pci_order
 from ..config import ConfigError
 from ..core.ledger import ClaimGranted, ClaimReleased, Event, MembersChanged, OwnerDied
 from ..core.verify import GpuReport
+from ..core import health as health_levels
 from ..engine import Engine
+from ..health_monitor import HealthMonitor
 from ..errors import InvalidRequest
 from .caller import Credentials, current_call
 from .claim import ClaimInterface
 from .errors import bus_errors
 from .gpu import GpuInterface
+from .health import CheckInterface
 from .interface import Interface
-from .names import MANAGER_IFACE, MANAGER_PATH, RELEASE_FORCE, claim_path, gpu_path
+from .names import MANAGER_IFACE, MANAGER_PATH, RELEASE_FORCE, check_path, claim_path, gpu_path
 from .options import parse_options
 from .polkit import CLAIM, MANAGE, RELEASE_OTHER, Authority
 
 R = PropertyAccess.READ
 
-CLAIM_OPTIONS = {"Mode": "s", "OwnerPID": "u", "Label": "s", "TaskName": "s"}
+CLAIM_OPTIONS = {"Mode": "s", "OwnerPID": "u", "MemberPIDs": "au", "Label": "s", "TaskName": "s"}
 RELEASE_FLAGS = RELEASE_FORCE
-FEATURES = ["claims", "dev-claims"]
+FEATURES = ["claims", "dev-claims", "verify", "health"]
 
 
 class ManagerInterface(Interface):
@@ -48,14 +51,17 @@ class ManagerInterface(Interface):
         "Reload": ("applied", "needs_restart"),
         "ClaimNew": ("claim_id", "claim"),
         "ClaimRemoved": ("claim_id", "claim", "reason"),
+        "LevelChanged": ("check", "old_level", "new_level", "reason"),
     }
 
-    def __init__(self, bus, engine: Engine, mode: str, reload=None):
+    def __init__(self, bus, engine: Engine, mode: str, health: HealthMonitor, reload=None):
         super().__init__(MANAGER_IFACE)
         self.bus = bus
         self.engine = engine
         self.mode = mode
+        self.health = health
         self.reload = reload
+        self._checks: dict[str, CheckInterface] = {}
         self.authority = Authority(bus, enabled=mode == "system")
         self.credentials = Credentials(bus)
         self._gpus: dict[str, GpuInterface] = {}
@@ -74,6 +80,9 @@ class ManagerInterface(Interface):
         for claim in self.engine.ledger.claims.values():
             self._export_claim(claim)
         self.engine.subscribe(self._publish)
+        self._export_checks()
+        self.health.subscribe(self._publish_levels)
+        self.health.on_sample(self._publish_figures)
 
     # -- methods -----------------------------------------------------------------------
     @dbus_method()
@@ -88,6 +97,7 @@ class ManagerInterface(Interface):
             gpus,
             mode=opts.get("Mode", "run"),
             owner_pid=opts.get("OwnerPID"),
+            member_pids=opts.get("MemberPIDs", ()),
             label=opts.get("Label", ""),
             task_name=opts.get("TaskName", ""),
         )
@@ -156,6 +166,10 @@ class ManagerInterface(Interface):
     def ClaimRemoved(self, claim_id: str, path: str, reason: str) -> "sos":
         return [claim_id, path, reason]
 
+    @dbus_signal()
+    def LevelChanged(self, check: str, old: str, new: str, reason: str) -> "ssss":
+        return [check, old, new, reason]
+
     # -- properties --------------------------------------------------------------------
     @dbus_property(access=R)
     def Version(self) -> "s":
@@ -188,6 +202,14 @@ class ManagerInterface(Interface):
     @dbus_property(access=R)
     def NClaims(self) -> "u":
         return len(self.engine.ledger.claims)
+
+    @dbus_property(access=R)
+    def HealthLevel(self) -> "s":
+        return self.health.health
+
+    @dbus_property(access=R)
+    def Levels(self) -> "a{ss}":
+        return self.health.levels()
 
     # -- shared by the Manager and Claim objects ---------------------------------------
     async def release(self, claim_id: str, flags: int) -> list[str]:
@@ -229,6 +251,7 @@ class ManagerInterface(Interface):
                 for g in ledger.gpus.values()
             ],
             "claims": [self._claim_record(c) for c in ledger.claims.values()],
+            "health": self.health.describe(),
         }
 
     # -- internals ---------------------------------------------------------------------
@@ -259,6 +282,27 @@ class ManagerInterface(Interface):
             "PCIIndices": Variant("au", [self._pci_index[u] for u in claim.gpus]),
             "Warnings": Variant("as", warnings),
         }
+
+    def _export_checks(self) -> None:
+        """(Re-)export one object per configured check (again after a reload)."""
+        for name, iface in self._checks.items():
+            self.bus.unexport(check_path(name), iface)
+        self._checks = {s["name"]: CheckInterface(s) for s in self.health.states()}
+        for name, iface in self._checks.items():
+            self.bus.export(check_path(name), iface)
+
+    def _publish_levels(self, events: list[health_levels.LevelChanged]) -> None:
+        for e in events:
+            self.LevelChanged(e.check, e.old, e.new, e.reason)
+        self.emit_properties_changed({"HealthLevel": self.health.health,
+                                      "Levels": self.health.levels()})
+
+    def _publish_figures(self, states: list[dict]) -> None:
+        if {s["name"] for s in states} != set(self._checks):
+            self._export_checks()
+            return
+        for state in states:
+            self._checks[state["name"]].update(state)
 
     def _export_claim(self, claim: ClaimRecord) -> None:
         iface = ClaimInterface(claim, self)

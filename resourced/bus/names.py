@@ -16,3 +16,16 @@ def gpu_path(index: int) -> str:
 
 def claim_path(claim_id: str) -> str:
     return f"{MANAGER_PATH}/claim/{claim_id}"
+
+CHECK_IFACE = "org.resourced.Check"
+
+
+def escape_element(name: str) -> str:
+    """An object path element for any name: bytes outside [A-Za-z0-9] become _xx (hex)."""
+    return "".join(
+        chr(b) if chr(b).isascii() and chr(b).isalnum() else f"_{b:02x}" for b in name.encode()
+    ) or "_"
+
+
+def check_path(name: str) -> str:
+    return f"{MANAGER_PATH}/check/{escape_element(name)}"

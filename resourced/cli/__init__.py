@@ -24,6 +24,8 @@ COMMANDS = {
     "demo": ("demo", "demo", "Show resourced at work on simulated GPUs (a private bus)."),
     "service": ("service", "service", "Install, enable or remove the systemd service."),
     "config": ("config", "config", "Check a configuration file without starting anything."),
+    "resources": ("resources", "resources", "Show RAM and disk health: limits and live figures."),
+    "notify": ("notify", "notify", "Show desktop notifications when RAM or disk health changes."),
 }
 
 

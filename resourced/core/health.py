@@ -41,8 +41,8 @@ from ..config import CheckEntry
 
 __all__ = [
     "ERROR", "FAILURES", "LEVELS", "OK", "STOP", "UNAVAILABLE", "WARN", "CheckState",
-    "HealthBook", "LevelChanged", "Measurement", "NOT_MEASURED", "LIMIT_KEYS", "level_for",
-    "limits_of", "worst",
+    "HealthBook", "LevelChanged", "LIMIT_KEYS", "Measurement", "NOT_MEASURED", "REMOVED",
+    "level_for", "limits_of", "worst",
 ]
 
 OK = "OK"
@@ -62,10 +62,13 @@ _RANK = {OK: 0, UNAVAILABLE: 1, ERROR: 2, WARN: 3, STOP: 4}
 NOT_MEASURED = "not measured yet"
 """The reason of a check that has no measurement so far (level UNAVAILABLE)."""
 
+REMOVED = "no longer checked (removed from the configuration)"
+"""The reason of the change to OK of a check that a reload removed."""
+
 GIB = 1024**3
 
-# Each limit: (key, level, what is compared, how).  STOP before WARN, so the first limit
-# reached in this order is the highest; within a level, in the configuration's key order.
+# The limit keys of a [[check]], in the configuration's order; _ORDER is the order they are
+# tried in: STOP before WARN, so the first limit reached is of the highest level reached.
 LIMIT_KEYS = (
     "warn_free_gib", "stop_free_gib", "warn_free_pct", "stop_free_pct",
     "warn_used_pct", "stop_used_pct",
@@ -184,7 +187,7 @@ class HealthBook:
         if len(set(names)) != len(names):
             raise ValueError(f"check names must be unique, not {names}")
         events = [
-            LevelChanged(name, state.level, OK, "no longer checked (removed from the configuration)")
+            LevelChanged(name, state.level, OK, REMOVED)
             for name, state in self._states.items()
             if name not in names and state.level != OK
         ]

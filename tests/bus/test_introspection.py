@@ -36,13 +36,18 @@ def _introspect(address: str, path: str) -> str:
     return json.loads(out)["data"][0]
 
 
-def test_live_introspection_matches_golden_file(daemon):
+def test_live_introspection_matches_golden_file(start_daemon, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text('[[check]]\nname = "ram"\ntype = "ram"\nwarn_free_pct = 10\n')
+    daemon = start_daemon(args=["--config", str(config)])
     from resourced.client import Client
 
     with Client() as c:
         ref = c.claim(mode="dev", gpus=1, owner_pid=daemon.proc.pid)["allocation"]["ref"]
     live = {}
-    for path in ("/org/resourced", "/org/resourced/gpu/0", f"/org/resourced/claim/{ref}"):
+    for path in ("/org/resourced", "/org/resourced/gpu/0", f"/org/resourced/claim/{ref}",
+                 "/org/resourced/check/ram"):
         live.update(_shape(_introspect(daemon.bus.address, path)))
-    assert set(live) == {"org.resourced.Manager", "org.resourced.GPU", "org.resourced.Claim"}
+    assert set(live) == {"org.resourced.Manager", "org.resourced.GPU", "org.resourced.Claim",
+                         "org.resourced.Check"}
     assert live == _shape(GOLDEN.read_text())

@@ -25,6 +25,7 @@ def test_system_plan_fills_in_the_interpreter_and_config(tmp_path):
         tmp_path / "usr/lib/sysusers.d/resourced.conf",
         tmp_path / "usr/share/polkit-1/actions/org.resourced.policy",
         tmp_path / "etc/polkit-1/rules.d/50-resourced.rules",
+        tmp_path / "etc/systemd/user/resourced-notify.service",
     }
     assert 'subject.isInGroup("resourced")' in files[tmp_path / "etc/polkit-1/rules.d/50-resourced.rules"]
     unit = files[tmp_path / "etc/systemd/system/resourced.service"]
@@ -54,7 +55,9 @@ def test_user_plan_goes_to_the_users_xdg_directories(tmp_path):
     files = _contents(plan)
     unit_path = tmp_path / "home/alice/.config/systemd/user/resourced-user.service"
     activation = tmp_path / "home/alice/.local/share/dbus-1/services/org.resourced.service"
-    assert set(files) == {unit_path, activation}
+    notify = tmp_path / "home/alice/.config/systemd/user/resourced-notify.service"
+    assert set(files) == {unit_path, activation, notify}
+    assert f"\nExecStart={sys.executable} -m resourced.cli notify\n" in files[notify]
     command = f"{sys.executable} -m resourced.daemon --session --config /home/alice/gpus.toml"
     assert f"\nExecStart={command}\n" in files[unit_path]
     assert f"\nExec={command}\n" in files[activation]
@@ -75,7 +78,8 @@ def test_absolute_xdg_variables_win_and_relative_ones_are_ignored():
     env = {**HOME_ENV, "XDG_CONFIG_HOME": "/cfg", "XDG_DATA_HOME": "relative/data"}
     paths = [f.path for f in install.plan_enable("user", sys.executable, env=env).write]
     assert paths == [Path("/cfg/systemd/user/resourced-user.service"),
-                     Path("/home/alice/.local/share/dbus-1/services/org.resourced.service")]
+                     Path("/home/alice/.local/share/dbus-1/services/org.resourced.service"),
+                     Path("/cfg/systemd/user/resourced-notify.service")]
 
 
 @pytest.mark.parametrize("mode", ["user", "system"])
@@ -104,7 +108,7 @@ def test_disable_removes_exactly_what_enable_writes(tmp_path, mode):
 def test_paths_with_spaces_and_specifiers_are_quoted():
     python = "/opt/my env/50%/$bin/python"
     plan = install.plan_enable("user", python, "/etc/a b.toml", env=HOME_ENV)
-    unit, activation = (f.content for f in plan.write)
+    unit, activation, _notify = (f.content for f in plan.write)
     assert ('\nExecStart="/opt/my env/50%%/$$bin/python" -m resourced.daemon --session '
             '--config "/etc/a b.toml"\n') in unit
     assert ("\nExec='/opt/my env/50%/$bin/python' -m resourced.daemon --session "

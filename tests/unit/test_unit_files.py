@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "dbus" / "org.resourced.conf"
 INTERFACES = {
     "org.resourced.Manager", "org.resourced.GPU", "org.resourced.Claim", "org.resourced.Pool",
-    "org.resourced.User", "org.freedesktop.DBus.Introspectable",
+    "org.resourced.User", "org.resourced.Check", "org.freedesktop.DBus.Introspectable",
     "org.freedesktop.DBus.Properties", "org.freedesktop.DBus.Peer",
     "org.freedesktop.DBus.ObjectManager",
 }

@@ -1,0 +1,502 @@
+"""gpuctl notify: the per-user agent that shows RAM and disk health as desktop notifications.
+
+It listens on the daemon's bus for ``org.resourced.Manager.LevelChanged(s check, s old,
+s new, s reason)`` and keeps one bubble per check on the user's session bus
+(``org.freedesktop.Notifications``): WARN, ERROR and UNAVAILABLE show with normal
+urgency, STOP critical (and it stays until the level drops); a later change replaces the
+bubble in place; back to OK closes it.
+
+``Bubbles`` is the pure part: given what is on screen, which ``Notify`` or
+``CloseNotification`` to make.  ``Agent`` does the I/O, one message at a time, in order.
+It outlives both of its peers: when resourced goes and comes back (``NameOwnerChanged``)
+it re-reads the levels from ``Describe``; when the notification server is missing it logs,
+forgets the ids it held, and shows the current levels once a server appears (or at the
+next change).  The daemon's bus and the session bus may be one bus (a per-user daemon);
+then one connection serves both.  It exits 1 only when it loses a bus connection, so
+``Restart=on-failure`` brings it back.
+"""
+
+import contextlib
+import json
+import logging
+import signal
+from dataclasses import dataclass
+
+import click
+
+from ..core.health import NOT_MEASURED, OK, STOP, UNAVAILABLE
+from ._errors import GpuctlError
+from ._options import bus_option
+
+log = logging.getLogger("resourced.notify")
+
+APP_NAME = "resourced"
+NOTIFICATIONS = "org.freedesktop.Notifications"
+NOTIFICATIONS_PATH = "/org/freedesktop/Notifications"
+# Errors that mean "no notification server": forget the ids, retry on the next change.
+SERVER_GONE = frozenset({
+    "org.freedesktop.DBus.Error.ServiceUnknown",
+    "org.freedesktop.DBus.Error.NameHasNoOwner",
+    "org.freedesktop.DBus.Error.NoReply",
+    "org.freedesktop.DBus.Error.Disconnected",
+    "org.freedesktop.DBus.Error.Spawn.ServiceNotFound",
+    "org.freedesktop.DBus.Error.Spawn.ChildExited",
+})
+CALL_TIMEOUT = 25.0      # Notify may first start the server by bus activation
+KEEPALIVE_INTERVAL = 15.0
+
+
+# -- the pure part ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Show:
+    """Call ``Notify`` for ``check`` (replacing ``replaces_id`` when not 0)."""
+
+    check: str
+    level: str
+    reason: str
+    replaces_id: int
+    summary: str
+    body: str
+    urgency: int          # the ``urgency`` hint: 1 normal, 2 critical
+    icon: str
+    expire_timeout: int   # -1 the server's default, 0 never
+
+
+@dataclass(frozen=True)
+class Close:
+    """Call ``CloseNotification(id)``: ``check`` is back to OK (or gone)."""
+
+    check: str
+    id: int
+
+
+def check_label(name: str, type_: str | None = None, path: str | None = None) -> str:
+    """How a check is named to the user: ``disk /data``, ``ram``, else its name."""
+    if type_ == "disk" and path:
+        return f"disk {path}"
+    if type_ == "ram":
+        return "ram" if name == "ram" else f"ram ({name})"
+    return name
+
+
+class Bubbles:
+    """Which bubble each check has on screen, and what to do when its level changes."""
+
+    def __init__(self):
+        self._shown: dict[str, tuple[int, str, str]] = {}  # check -> (id, level, reason)
+        self.labels: dict[str, str] = {}                   # check -> label, from Describe
+
+    @property
+    def ids(self) -> dict[str, int]:
+        return {check: shown[0] for check, shown in self._shown.items()}
+
+    def level_changed(self, check: str, level: str, reason: str) -> Show | Close | None:
+        """The call to make now that ``check`` is at ``level``; None if there is none."""
+        shown = self._shown.get(check)
+        if level == OK:
+            if shown is None:
+                return None
+            del self._shown[check]  # closed or not, the id is of no use any more
+            return Close(check, shown[0])
+        if shown is not None and shown[1:] == (level, reason):
+            return None
+        label = self.labels.get(check, check)
+        return Show(
+            check=check, level=level, reason=reason,
+            replaces_id=shown[0] if shown else 0,
+            summary=f"resourced: {label} {level}",
+            body=reason,
+            urgency=2 if level == STOP else 1,
+            icon="dialog-error" if level == STOP else "dialog-warning",
+            expire_timeout=0 if level == STOP else -1,
+        )
+
+    def shown(self, show: Show, notification_id: int) -> None:
+        """``Notify`` for ``show`` returned ``notification_id``."""
+        self._shown[show.check] = (notification_id, show.level, show.reason)
+
+    def closed(self, notification_id: int) -> None:
+        """The server closed a bubble (expired, dismissed): the next change opens a new one."""
+        for check, shown in list(self._shown.items()):
+            if shown[0] == notification_id:
+                del self._shown[check]
+
+    def forget_all(self) -> None:
+        """The notification server went away: its ids mean nothing to the next one."""
+        self._shown.clear()
+
+    def resync(self, current: dict[str, tuple[str, str]]) -> list[Show | Close]:
+        """The calls that make the screen show ``current`` (check -> (level, reason)).
+
+        A check not measured yet is left as it is (its first reading comes as a change);
+        a bubble of a check that is no longer reported is closed.
+        """
+        actions: list[Show | Close] = []
+        for check in list(self._shown):
+            if check not in current:
+                actions.append(self.level_changed(check, OK, ""))
+        for check, (level, reason) in current.items():
+            if (level, reason) == (UNAVAILABLE, NOT_MEASURED):
+                continue
+            action = self.level_changed(check, level, reason)
+            if action is not None:
+                actions.append(action)
+        return actions
+
+
+# -- the agent --------------------------------------------------------------------------
+
+
+class BusLost(Exception):
+    """A bus connection is gone; the agent exits (systemd restarts it)."""
+
+
+class Agent:
+    """Turns LevelChanged signals into notifications; see the module docstring."""
+
+    def __init__(self, daemon_router, notify_router, bus: str):
+        import asyncio
+
+        self.daemon = daemon_router
+        self.notifications = notify_router
+        self.bus = bus
+        self.bubbles = Bubbles()
+        self.current: dict[str, tuple[str, str]] = {}  # check -> (level, reason), last known
+        self.owner: str | None = None                   # unique name owning org.resourced
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self._filters: list = []
+        self._names = {id(notify_router): "session", id(daemon_router): bus}
+
+    # -- set-up ------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Subscribe first, then read the state, so no change falls in between."""
+        from jeepney import MessageType
+        from jeepney.bus_messages import MatchRule
+
+        from ..bus.names import BUS_NAME, MANAGER_IFACE, MANAGER_PATH
+
+        level_changed = MatchRule(type=MessageType.signal, interface=MANAGER_IFACE,
+                                  member="LevelChanged", path=MANAGER_PATH)
+        closed = MatchRule(type=MessageType.signal, interface=NOTIFICATIONS,
+                           member="NotificationClosed", path=NOTIFICATIONS_PATH)
+        await self._listen(self.daemon, level_changed, sender=BUS_NAME)
+        await self._listen(self.daemon, _owner_changed(BUS_NAME), sender="org.freedesktop.DBus")
+        await self._listen(self.notifications, closed, sender=NOTIFICATIONS)
+        await self._listen(self.notifications, _owner_changed(NOTIFICATIONS),
+                           sender="org.freedesktop.DBus")
+        self.owner = await self._name_owner(self.daemon, BUS_NAME)
+        if self.owner:
+            await self.resync()
+        log.info("watching %s on the %s bus (%s)", BUS_NAME, self.bus,
+                 "running" if self.owner else "not running yet")
+
+    async def _listen(self, router, rule, sender: str) -> None:
+        """Ask the bus for ``rule`` from ``sender``; queue the matches.
+
+        The bus checks a well-known ``sender`` against the name's current owner; jeepney
+        compares senders literally, so the local filter goes without it.
+        """
+        from jeepney import MessageType
+        from jeepney.bus_messages import MatchRule, message_bus
+
+        remote = MatchRule(type=MessageType.signal, sender=sender,
+                           **{k: v for k, v in rule.header_fields.items()})
+        remote.arg_conditions = dict(rule.arg_conditions)
+        self._filters.append(router.filter(rule, queue=self.queue))
+        await self._call(router, message_bus.AddMatch(remote))
+
+    # -- the loop ----------------------------------------------------------------------
+    async def run(self) -> None:
+        """Until cancelled, or until a bus connection is lost (``BusLost``)."""
+        import asyncio
+
+        await self.start()
+        routers = {id(r): r for r in (self.daemon, self.notifications)}.values()
+        tasks = [asyncio.create_task(self._consume()),
+                 *(asyncio.create_task(self._keepalive(r)) for r in routers)]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _consume(self) -> None:
+        while True:
+            await self.handle(await self.queue.get())
+
+    async def _keepalive(self, router) -> None:
+        """A bus connection that died leaves the queue silent; notice it and exit."""
+        import asyncio
+
+        from jeepney.bus_messages import message_bus
+
+        while True:
+            await asyncio.sleep(KEEPALIVE_INTERVAL)
+            await self._call(router, message_bus.GetId())
+
+    async def handle(self, msg) -> None:
+        """One queued signal."""
+        from jeepney.low_level import HeaderFields
+
+        from ..bus.names import BUS_NAME
+
+        fields = msg.header.fields
+        member, body = fields.get(HeaderFields.member), msg.body
+        if member == "LevelChanged" and len(body) == 4 and all(isinstance(v, str) for v in body):
+            sender = fields.get(HeaderFields.sender)
+            if self.owner and sender != self.owner:
+                return  # a stale signal of a previous daemon
+            check, _old, new, reason = body
+            self.current[check] = (new, reason)
+            if new == OK and check not in self.bubbles.ids:
+                return
+            if check not in self.bubbles.labels:
+                await self.refresh_labels()
+            await self.apply([self.bubbles.level_changed(check, new, reason)])
+        elif member == "NameOwnerChanged" and len(body) == 3:
+            name, _old, new = body
+            if name == BUS_NAME:
+                self.owner = new or None
+                log.info("%s %s", BUS_NAME, "is back" if new else "went away")
+                if new:
+                    await self.resync()
+            elif name == NOTIFICATIONS:
+                self.bubbles.forget_all()
+                if new:
+                    log.info("a notification server appeared; showing the current levels")
+                    await self.apply(self.bubbles.resync(self.current))
+        elif member == "NotificationClosed" and body:
+            self.bubbles.closed(body[0])
+
+    # -- talking to the daemon ---------------------------------------------------------
+    async def describe_health(self) -> list[dict] | None:
+        """The daemon's checks (``Describe``'s ``health.checks``); None if it did not say."""
+        from jeepney import DBusAddress, new_method_call
+
+        from ..bus.names import BUS_NAME, MANAGER_IFACE, MANAGER_PATH
+
+        manager = DBusAddress(MANAGER_PATH, bus_name=BUS_NAME, interface=MANAGER_IFACE)
+        reply = await self._call(self.daemon, new_method_call(manager, "Describe"))
+        error = _error_name(reply)
+        if error:
+            log.warning("cannot read the levels from %s: %s %s", BUS_NAME, error,
+                        reply.body[0] if reply.body else "")
+            return None
+        try:
+            health = json.loads(reply.body[0]).get("health") or {}
+            checks = [c for c in health.get("checks", []) if isinstance(c.get("name"), str)]
+        except (ValueError, AttributeError, IndexError, TypeError) as exc:
+            log.warning("cannot read the levels from %s: %s", BUS_NAME, exc)
+            return None
+        self.bubbles.labels = {c["name"]: check_label(c["name"], c.get("type"), c.get("path"))
+                               for c in checks}
+        return checks
+
+    async def refresh_labels(self) -> None:
+        if self.owner:
+            await self.describe_health()
+
+    async def resync(self) -> None:
+        """resourced (re)appeared: show what it says now."""
+        checks = await self.describe_health()
+        if checks is None:
+            return
+        self.current = {c["name"]: (str(c.get("level", "")), str(c.get("reason") or ""))
+                        for c in checks}
+        await self.apply(self.bubbles.resync(self.current))
+
+    # -- talking to the notification server --------------------------------------------
+    async def apply(self, actions) -> None:
+        for action in actions:
+            if isinstance(action, Show):
+                await self._show(action)
+            elif isinstance(action, Close):
+                await self._close(action)
+
+    async def _show(self, show: Show) -> None:
+        from jeepney import new_method_call
+
+        hints = {"urgency": ("y", show.urgency), "category": ("s", "device")}
+        msg = new_method_call(_notifications(), "Notify", "susssasa{sv}i", (
+            APP_NAME, show.replaces_id, show.icon, show.summary, show.body, [], hints,
+            show.expire_timeout))
+        reply = await self._notify_call(msg, f"show {show.summary!r}")
+        if reply is not None:
+            self.bubbles.shown(show, reply.body[0])
+
+    async def _close(self, close: Close) -> None:
+        from jeepney import new_method_call
+
+        msg = new_method_call(_notifications(), "CloseNotification", "u", (close.id,))
+        await self._notify_call(msg, f"close the bubble of {close.check}")
+
+    async def _notify_call(self, msg, what: str):
+        try:
+            reply = await self._call(self.notifications, msg)
+        except TimeoutError:
+            log.warning("cannot %s: the notification server did not answer", what)
+            return None
+        error = _error_name(reply)
+        if error in SERVER_GONE:
+            log.warning("cannot %s: no notification server (%s); retrying at the next change",
+                        what, error)
+            self.bubbles.forget_all()
+            return None
+        if error:
+            log.warning("cannot %s: %s %s", what, error, reply.body[0] if reply.body else "")
+            return None
+        return reply
+
+    async def _call(self, router, msg):
+        import asyncio
+
+        from jeepney.io.common import RouterClosed
+
+        try:
+            return await asyncio.wait_for(router.send_and_get_reply(msg), CALL_TIMEOUT)
+        except (RouterClosed, EOFError, ConnectionError) as exc:
+            raise BusLost(f"lost the connection to the {self._names[id(router)]} bus") from exc
+
+    async def _name_owner(self, router, name: str) -> str | None:
+        from jeepney.bus_messages import message_bus
+
+        reply = await self._call(router, message_bus.GetNameOwner(name))
+        return None if _error_name(reply) else reply.body[0]
+
+
+def _owner_changed(name: str):
+    from jeepney import MessageType
+    from jeepney.bus_messages import MatchRule
+
+    rule = MatchRule(type=MessageType.signal, interface="org.freedesktop.DBus",
+                     member="NameOwnerChanged", path="/org/freedesktop/DBus")
+    rule.add_arg_condition(0, name)
+    return rule
+
+
+def _notifications():
+    from jeepney import DBusAddress
+
+    return DBusAddress(NOTIFICATIONS_PATH, bus_name=NOTIFICATIONS, interface=NOTIFICATIONS)
+
+
+def _error_name(reply) -> str | None:
+    from jeepney import MessageType
+    from jeepney.low_level import HeaderFields
+
+    if reply.header.message_type is MessageType.error:
+        return reply.header.fields.get(HeaderFields.error_name, "")
+    return None
+
+
+# -- the command ------------------------------------------------------------------------
+
+
+async def _owned_on(bus: str) -> bool | None:
+    """Whether resourced runs on ``bus``; None when that bus cannot be reached."""
+    import asyncio
+
+    from jeepney.bus_messages import message_bus
+    from jeepney.io.asyncio import open_dbus_router
+
+    from ..bus.names import BUS_NAME
+
+    try:
+        async with open_dbus_router(bus.upper()) as router:
+            reply = await asyncio.wait_for(
+                router.send_and_get_reply(message_bus.NameHasOwner(BUS_NAME)), CALL_TIMEOUT)
+    except (OSError, KeyError, ValueError, EOFError, TimeoutError):
+        return None
+    return _error_name(reply) is None and bool(reply.body[0])
+
+
+async def _choose_bus(requested: str | None) -> str:
+    """--bus, else $RESOURCED_BUS, else the bus where resourced runs (the session bus
+    first), else the session bus if there is one (the daemon's default), else the system bus.
+    """
+    from ..client import requested_bus
+
+    bus = requested_bus(requested)
+    if bus:
+        return bus
+    session = await _owned_on("session")
+    if session:
+        return "session"
+    if await _owned_on("system"):
+        return "system"
+    return "session" if session is not None else "system"
+
+
+@contextlib.asynccontextmanager
+async def _router(bus: str):
+    """A jeepney router on ``bus``; closing one whose bus is gone raises nothing."""
+    from jeepney.io.asyncio import open_dbus_router
+    from jeepney.io.common import RouterClosed
+
+    opener = open_dbus_router(bus.upper())
+    try:
+        router = await opener.__aenter__()
+    except KeyError as exc:  # jeepney: the address variable is not set
+        raise GpuctlError(f"cannot reach the {bus} bus: ${exc.args[0]} is not set") from exc
+    except (OSError, ValueError, EOFError) as exc:
+        raise GpuctlError(f"cannot reach the {bus} bus: {exc or type(exc).__name__}") from exc
+    try:
+        yield router
+    finally:
+        # jeepney re-raises the receiver's EOFError here when the bus went away first
+        with contextlib.suppress(EOFError, OSError, RouterClosed):
+            await opener.__aexit__(None, None, None)
+
+
+async def run_agent(requested_bus: str | None) -> None:
+    """Run until SIGTERM or SIGINT (returns) or a lost bus connection (raises)."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    bus = await _choose_bus(requested_bus)
+    async with contextlib.AsyncExitStack() as stack:
+        daemon = await stack.enter_async_context(_router(bus))
+        session = daemon if bus == "session" else await stack.enter_async_context(
+            _router("session"))
+        work = asyncio.create_task(Agent(daemon, session, bus).run())
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (work, stopped):
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stopped
+        try:
+            await work
+        except asyncio.CancelledError:
+            pass
+        except BusLost as exc:
+            raise GpuctlError(str(exc)) from None
+
+
+@click.command()
+@bus_option
+def notify(bus):
+    """Show desktop notifications while RAM or disk health is not OK.
+
+    A long-running agent for a graphical session: one bubble per check (critical for
+    STOP, normal for WARN, ERROR and UNAVAILABLE), updated in place, closed when the check
+    is OK again.  It keeps running while resourced or the notification server restarts.
+    The systemd user unit resourced-notify.service runs it with the session.
+
+    Example: gpuctl notify --bus system
+    """
+    import asyncio
+
+    from ..sd import setup_logging
+
+    setup_logging()
+    asyncio.run(run_agent(bus))
+    return 0

@@ -1,0 +1,117 @@
+"""Health levels end to end: a disk check on a small tmpfs we fill, signals, figures, CLI."""
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+
+import pytest
+
+from resourced.client import AsyncClient, Client
+
+from ..conftest import eventually, gpuctl
+
+MIB = 1024 * 1024
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 10 MiB tmpfs (needs root to mount; skipped elsewhere)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=10M", "tmpfs", str(mnt)],
+            capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill(disk, mib: int) -> None:
+    (disk / "fill").write_bytes(b"\0" * (mib * MIB))
+
+
+def config(tmp_path, disk) -> str:
+    path = tmp_path / "config.toml"
+    path.write_text(
+        "[daemon]\nsample_interval = 0.2\n"
+        f'[[check]]\nname = "scratch"\ntype = "disk"\npath = "{disk}"\n'
+        "warn_free_pct = 50\nstop_free_pct = 20\n"
+    )
+    return str(path)
+
+
+def test_each_level_change_is_signalled_exactly_once(start_daemon, tmp_path, small_disk):
+    start_daemon(args=["--config", config(tmp_path, small_disk)])
+    with Client() as c:
+        assert c.resources()["level"] == "OK"
+
+    async def watch():
+        async with AsyncClient() as client:
+            seen = []
+
+            async def collect():
+                async for change in client.level_changes(check="scratch"):
+                    seen.append(change)
+
+            task = asyncio.ensure_future(collect())
+            await asyncio.sleep(0.3)
+            fill(small_disk, 6)           # 40 % free: WARN
+            await asyncio.sleep(1.0)      # several samples at the same level: no new signal
+            fill(small_disk, 9)           # 10 % free: STOP
+            await asyncio.sleep(1.0)
+            (small_disk / "fill").unlink()  # back to OK
+            await asyncio.sleep(1.0)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            waiter = asyncio.ensure_future(client.wait_level_change(levels=("STOP",), timeout=5))
+            await asyncio.sleep(0.3)
+            fill(small_disk, 9)
+            stop = await waiter
+            assert (stop["check"], stop["new"]) == ("scratch", "STOP")
+            return seen
+
+    seen = asyncio.run(asyncio.wait_for(watch(), 20))
+    assert [(e["old"], e["new"]) for e in seen] == [("OK", "WARN"), ("WARN", "STOP"), ("STOP", "OK")]
+    assert "free" in seen[1]["reason"] and "stop_free_pct" in seen[1]["reason"]
+
+
+def test_figures_and_limits_are_visible_and_the_cli_shows_them(start_daemon, tmp_path, small_disk):
+    start_daemon(args=["--config", config(tmp_path, small_disk)])
+    fill(small_disk, 9)
+    with Client() as c:
+        eventually(lambda: c.resources()["level"] == "STOP", timeout=5)
+    r = gpuctl("resources", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["source"] == "daemon"
+    (check,) = data["checks"]
+    assert check["level"] == "STOP"
+    assert check["limits"] == {"warn_free_pct": 50.0, "stop_free_pct": 20.0}
+    assert check["total_bytes"] == 10 * MIB
+    busctl = subprocess.run(
+        ["busctl", f"--address={os.environ['DBUS_SESSION_BUS_ADDRESS']}", "get-property",
+         "org.resourced", "/org/resourced/check/scratch", "org.resourced.Check", "Level"],
+        capture_output=True, text=True, timeout=10)
+    assert busctl.stdout.strip() == 's "STOP"'
+
+
+def test_a_missing_disk_path_is_an_error_never_healthy(start_daemon, tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(f'[[check]]\nname = "gone"\ntype = "disk"\npath = "{tmp_path}/nowhere"\n'
+                    "stop_free_gib = 1\n")
+    start_daemon(args=["--config", str(path)])
+    with Client() as c:
+        health = c.resources()
+    assert health["level"] == "ERROR"
+    assert health["checks"][0]["limits"] == {"stop_free_gib": 1.0}
+
+
+def test_levels_never_block_claims(start_daemon, tmp_path, small_disk):
+    d = start_daemon(args=["--config", config(tmp_path, small_disk)])
+    fill(small_disk, 9)
+    with Client() as c:
+        eventually(lambda: c.resources()["level"] == "STOP", timeout=5)
+        c.claim(mode="dev", gpus=1, owner_pid=d.proc.pid)

@@ -1,0 +1,475 @@
+"""gpuctl notify end to end on private buses, against a fake resourced and a fake
+notification server (dbus-fast, in a thread of this process), without the real daemon."""
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from dbus_fast.aio import MessageBus
+from dbus_fast.service import ServiceInterface, dbus_method, dbus_signal
+
+from resourced.privatebus import PrivateBus
+
+from ..conftest import eventually
+
+DATA_OK = {"name": "data", "type": "disk", "path": "/data", "level": "OK", "reason": "fine",
+           "free_bytes": 50, "total_bytes": 100, "free_pct": 50.0, "used_pct": 50.0,
+           "limits": {"stop_free_gib": 10}}
+REASON = "free 9.5G <= stop_free_gib 10"
+
+
+def health(**levels) -> dict:
+    checks = [{**DATA_OK, "level": level, "reason": reason}
+              for level, reason in levels.values()]
+    return {"level": "OK", "checks": checks}
+
+
+class FakeManager(ServiceInterface):
+    """Just enough of org.resourced.Manager: Describe and the LevelChanged signal."""
+
+    def __init__(self, health: dict):
+        super().__init__("org.resourced.Manager")
+        self.health = health
+        self.describes = 0
+
+    @dbus_method()
+    def Describe(self) -> "s":
+        self.describes += 1
+        return json.dumps({"gpus": [], "claims": [], "health": self.health})
+
+    @dbus_signal()
+    def LevelChanged(self, check: "s", old: "s", new: "s", reason: "s") -> "ssss":
+        return [check, old, new, reason]
+
+
+class FakeNotifications(ServiceInterface):
+    """org.freedesktop.Notifications that records its calls and hands out ids."""
+
+    def __init__(self):
+        super().__init__("org.freedesktop.Notifications")
+        self.calls: list[tuple] = []
+        self.next_id = 1
+
+    @dbus_method()
+    def Notify(self, app_name: "s", replaces_id: "u", app_icon: "s", summary: "s", body: "s",
+               actions: "as", hints: "a{sv}", expire_timeout: "i") -> "u":
+        nid = replaces_id
+        if not nid:
+            nid, self.next_id = self.next_id, self.next_id + 1
+        self.calls.append(("Notify", {
+            "app_name": app_name, "replaces_id": replaces_id, "summary": summary, "body": body,
+            "urgency": hints["urgency"].value, "urgency_signature": hints["urgency"].signature,
+            "expire_timeout": expire_timeout, "id": nid}))
+        return nid
+
+    @dbus_method()
+    def CloseNotification(self, nid: "u"):
+        self.calls.append(("CloseNotification", nid))
+        self.NotificationClosed(nid, 3)
+
+    @dbus_method()
+    def GetCapabilities(self) -> "as":
+        return ["body"]
+
+    @dbus_method()
+    def GetServerInformation(self) -> "ssss":
+        return ["fake", "resourced tests", "1", "1.2"]
+
+    @dbus_signal()
+    def NotificationClosed(self, nid: "u", reason: "u") -> "uu":
+        return [nid, reason]
+
+
+class Services:
+    """An event loop in a thread hosting the fakes; the test drives it synchronously."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.buses: list[MessageBus] = []
+        self.bus_of: dict[int, MessageBus] = {}   # id(interface) -> its connection
+
+    def run(self, coro, timeout: float = 10):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def _serve(self, address: str, name: str, path: str, iface) -> MessageBus:
+        bus = await MessageBus(bus_address=address).connect()
+        bus.export(path, iface)
+        await bus.request_name(name)
+        self.buses.append(bus)
+        self.bus_of[id(iface)] = bus
+        return bus
+
+    def resourced(self, address: str, health: dict) -> tuple[MessageBus, FakeManager]:
+        iface = FakeManager(health)
+        return self.run(self._serve(address, "org.resourced", "/org/resourced", iface)), iface
+
+    def notifications(self, address: str) -> FakeNotifications:
+        iface = FakeNotifications()
+        self.run(self._serve(address, "org.freedesktop.Notifications",
+                             "/org/freedesktop/Notifications", iface))
+        return iface
+
+    def emit(self, iface: FakeManager, *args: str) -> None:
+        async def emit():
+            iface.LevelChanged(*args)
+        self.run(emit())
+
+    def stop(self, bus: MessageBus) -> None:
+        async def stop():
+            bus.disconnect()
+            await bus.wait_for_disconnect()
+        self.run(stop())
+        self.buses.remove(bus)
+
+    def close(self) -> None:
+        for bus in list(self.buses):
+            try:
+                self.stop(bus)
+            except Exception:  # noqa: BLE001 - best effort at teardown
+                pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+class AgentProcess:
+    """``python -m resourced.cli notify`` with its log in a file."""
+
+    def __init__(self, tmp_path, env: dict, bus: str):
+        self.log_path = tmp_path / f"agent-{time.monotonic_ns()}.log"
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "resourced.cli", "notify", "--bus", bus],
+            env=env, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_log(self, text: str, timeout: float = 10) -> None:
+        def seen():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"agent exited with {self.proc.returncode}:\n{self.log()}")
+            return text in self.log()
+        eventually(seen, timeout)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def buses():
+    """Two private buses: ``session`` (notifications, and the daemon in session mode) and
+    ``system`` (standing in for the system bus)."""
+    with PrivateBus() as session, PrivateBus() as system:
+        yield session, system
+
+
+@pytest.fixture
+def services():
+    s = Services()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def agents(tmp_path, request):
+    started: list[AgentProcess] = []
+
+    def start(env: dict, bus: str = "session") -> AgentProcess:
+        env = {k: v for k, v in {**os.environ, **env}.items()
+               if not k.startswith("RESOURCED_")}
+        started.append(AgentProcess(tmp_path, env, bus))
+        return started[-1]
+
+    yield start
+    for agent in started:
+        rc = agent.stop()
+        failed = getattr(request.node, "rep_call", None) and request.node.rep_call.failed
+        if failed:
+            print(f"--- agent log ---\n{agent.log()}")
+        assert "Traceback" not in agent.log()
+        assert rc in (0, -15)
+
+
+def notifies(server: FakeNotifications) -> list[dict]:
+    return [args for name, args in server.calls if name == "Notify"]
+
+
+def _three_changes(services, manager, server):
+    """OK->STOP, STOP->WARN, WARN->OK: one bubble, replaced in place, then closed."""
+    services.emit(manager, "data", "OK", "STOP", REASON)
+    eventually(lambda: len(server.calls) >= 1)
+    first = notifies(server)[0]
+    assert first["urgency"] == 2 and first["urgency_signature"] == "y"
+    assert first["replaces_id"] == 0
+    assert first["summary"] == "resourced: disk /data STOP"
+    assert first["body"] == REASON
+    assert first["app_name"] == "resourced"
+
+    services.emit(manager, "data", "STOP", "WARN", "free 15G <= warn_free_gib 20")
+    eventually(lambda: len(server.calls) >= 2)
+    second = notifies(server)[1]
+    assert (second["replaces_id"], second["urgency"]) == (first["id"], 1)
+    assert second["summary"] == "resourced: disk /data WARN"
+
+    services.emit(manager, "data", "WARN", "OK", "fine")
+    eventually(lambda: len(server.calls) >= 3)
+    time.sleep(0.2)  # nothing more may come
+    assert server.calls[2:] == [("CloseNotification", first["id"])]
+    assert len(server.calls) == 3
+
+
+def test_one_bubble_per_check_on_a_session_daemon(buses, services, agents):
+    session, _ = buses
+    server = services.notifications(session.address)
+    _, manager = services.resourced(session.address, health(data=("OK", "fine")))
+    agent = agents(session.env())
+    agent.wait_log("watching org.resourced on the session bus (running)")
+    assert manager.describes == 1
+    _three_changes(services, manager, server)
+
+
+def test_one_bubble_per_check_on_a_system_daemon(buses, services, agents):
+    session, system = buses
+    server = services.notifications(session.address)
+    _, manager = services.resourced(system.address, health(data=("OK", "fine")))
+    env = {"DBUS_SESSION_BUS_ADDRESS": session.address,
+           "DBUS_SYSTEM_BUS_ADDRESS": system.address}
+    agent = agents(env, bus="system")
+    agent.wait_log("watching org.resourced on the system bus (running)")
+    _three_changes(services, manager, server)
+
+
+def test_signals_from_others_are_ignored(buses, services, agents):
+    session, _ = buses
+    server = services.notifications(session.address)
+    _, manager = services.resourced(session.address, health(data=("OK", "fine")))
+    agent = agents(session.env())
+    agent.wait_log("(running)")
+    impostor = FakeManager(health())
+
+    async def impostor_emits():
+        # another connection sends the same signal from the same path, without the name
+        bus = await MessageBus(bus_address=session.address).connect()
+        bus.export("/org/resourced", impostor)
+        impostor.LevelChanged("data", "OK", "STOP", "spoofed")
+        await asyncio.sleep(0.1)
+        bus.disconnect()
+    services.run(impostor_emits())
+    services.emit(manager, "ram", "OK", "WARN", "low")
+    eventually(lambda: len(server.calls) >= 1)
+    time.sleep(0.2)
+    assert [c["body"] for c in notifies(server)] == ["low"]
+
+
+def test_the_daemon_goes_away_and_comes_back(buses, services, agents):
+    session, _ = buses
+    server = services.notifications(session.address)
+    bus, _ = services.resourced(session.address, health(data=("STOP", REASON)))
+    agent = agents(session.env())
+    agent.wait_log("(running)")
+    # at start, the current level is shown
+    eventually(lambda: len(notifies(server)) == 1)
+    first = notifies(server)[0]
+    assert (first["urgency"], first["body"]) == (2, REASON)
+
+    services.stop(bus)
+    agent.wait_log("org.resourced went away")
+    _, manager = services.resourced(session.address, health(data=("WARN", "nearly full")))
+    agent.wait_log("org.resourced is back")
+    eventually(lambda: len(notifies(server)) == 2)
+    again = notifies(server)[1]
+    assert (again["replaces_id"], again["urgency"], again["body"]) == (first["id"], 1,
+                                                                      "nearly full")
+    services.emit(manager, "data", "WARN", "OK", "fine")
+    eventually(lambda: ("CloseNotification", first["id"]) in server.calls)
+
+
+def test_a_daemon_that_starts_later_is_picked_up(buses, services, agents):
+    session, _ = buses
+    server = services.notifications(session.address)
+    agent = agents(session.env())
+    agent.wait_log("watching org.resourced on the session bus (not running yet)")
+    _, manager = services.resourced(session.address, health(data=("OK", "fine")))
+    agent.wait_log("org.resourced is back")
+    services.emit(manager, "data", "OK", "STOP", REASON)
+    eventually(lambda: len(notifies(server)) == 1)
+
+
+def test_no_notification_server_at_first(buses, services, agents):
+    session, _ = buses
+    _, manager = services.resourced(session.address, health(data=("OK", "fine")))
+    agent = agents(session.env())
+    agent.wait_log("(running)")
+    services.emit(manager, "data", "OK", "STOP", REASON)
+    agent.wait_log("no notification server")
+
+    server = services.notifications(session.address)
+    # the level that could not be shown appears with the server
+    eventually(lambda: len(notifies(server)) == 1)
+    shown = notifies(server)[0]
+    assert (shown["urgency"], shown["replaces_id"]) == (2, 0)
+    services.emit(manager, "data", "STOP", "WARN", "nearly full")
+    eventually(lambda: len(notifies(server)) == 2)
+    assert notifies(server)[1]["replaces_id"] == shown["id"]
+
+
+def test_the_notification_server_restarts(buses, services, agents):
+    session, _ = buses
+    server = services.notifications(session.address)
+    _, manager = services.resourced(session.address, health(data=("OK", "fine")))
+    agent = agents(session.env())
+    agent.wait_log("(running)")
+    services.emit(manager, "data", "OK", "WARN", "nearly full")
+    eventually(lambda: len(notifies(server)) == 1)
+
+    services.stop(services.bus_of[id(server)])
+    fresh = services.notifications(session.address)
+    # the new server knows nothing of the old ids: the bubble is shown anew, not replaced
+    eventually(lambda: len(notifies(fresh)) == 1)
+    assert notifies(fresh)[0]["replaces_id"] == 0
+    services.emit(manager, "data", "WARN", "STOP", REASON)
+    eventually(lambda: len(notifies(fresh)) == 2)
+    assert notifies(fresh)[1]["replaces_id"] == notifies(fresh)[0]["id"]
+
+
+def test_the_agent_exits_1_when_its_bus_is_gone(tmp_path):
+    bus = PrivateBus().start()
+    code = ("import sys, resourced.cli.notify as n; n.KEEPALIVE_INTERVAL = 0.2; "
+            "from resourced.cli import main; sys.exit(main(['notify', '--bus', 'session']))")
+    log = tmp_path / "agent.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=out,
+                                env={**os.environ, **bus.env()})
+    try:
+        eventually(lambda: "watching org.resourced" in log.read_text(), 10)
+        bus.stop()
+        assert proc.wait(10) == 1
+    finally:
+        bus.stop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+    assert log.read_text().splitlines()[-1] == "gpuctl: lost the connection to the session bus"
+
+
+# -- gpuctl resources, which reads the same "health" key of Describe ----------------------
+
+def test_gpuctl_resources_shows_the_daemons_figures(buses, services):
+    session, _ = buses
+    services.resourced(session.address, {"level": "STOP", "checks": [
+        {**DATA_OK, "level": "STOP", "reason": REASON, "free_bytes": 9 * 1024**3,
+         "total_bytes": 100 * 1024**3, "free_pct": 9.0, "used_pct": 91.0},
+        {**DATA_OK, "name": "ram", "type": "ram", "path": None, "level": "ERROR",
+         "reason": "cannot read /proc/meminfo", "free_bytes": None, "total_bytes": None,
+         "free_pct": None, "used_pct": None, "limits": {"warn_free_pct": 15}}]})
+    env = {**os.environ, **session.env()}
+    done = subprocess.run([sys.executable, "-m", "resourced.cli", "resources"], env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stderr) == (0, "")
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ["CHECK", "TYPE", "PATH", "LEVEL", "FREE", "TOTAL", "USED%",
+                                "LIMITS", "REASON"]
+    assert lines[1].split()[:8] == ["data", "disk", "/data", "STOP", "9G", "100G", "91.0",
+                                    "stop_free_gib=10"]
+    assert lines[1].endswith(REASON)
+    assert lines[2].split()[:8] == ["ram", "ram", "-", "ERROR", "-", "-", "-",
+                                    "warn_free_pct=15"]
+    assert lines[-1] == "health: STOP"
+
+    done = subprocess.run([sys.executable, "-m", "resourced.cli", "resources", "--json"],
+                          env=env, capture_output=True, text=True, timeout=30)
+    data = json.loads(done.stdout)
+    assert (done.returncode, data["source"], data["level"]) == (0, "daemon", "STOP")
+    assert [c["name"] for c in data["checks"]] == ["data", "ram"]
+
+
+def test_gpuctl_resources_measures_locally_when_the_daemon_is_unreachable(buses, tmp_path):
+    session, _ = buses
+    config = tmp_path / "config.toml"
+    config.write_text(f"""
+[[check]]
+name = "tmp"
+type = "disk"
+path = "{tmp_path}"
+warn_used_pct = 0
+
+[[check]]
+name = "gone"
+type = "disk"
+path = "{tmp_path}/gone"
+stop_free_gib = 1
+""")
+    env = {**os.environ, **session.env(), "DBUS_SYSTEM_BUS_ADDRESS": "unix:path=/nonexistent"}
+    done = subprocess.run([sys.executable, "-m", "resourced.cli", "resources", "--json",
+                           "--config", str(config)], env=env, capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == f"daemon unreachable: measured locally from {config}\n"
+    data = json.loads(done.stdout)
+    assert data["source"] == "local"
+    tmp, gone = data["checks"]
+    assert (tmp["level"], tmp["reason"].startswith("used ")) == ("WARN", True)
+    assert (gone["level"], gone["limits"]) == ("ERROR", {"stop_free_gib": 1})
+    assert data["level"] == "WARN"
+
+    done = subprocess.run([sys.executable, "-m", "resourced.cli", "resources", "--config",
+                           str(tmp_path / "missing.toml")], env=env, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 2
+    assert done.stderr.startswith("gpuctl: ") and "Traceback" not in done.stderr
+
+
+@pytest.mark.skipif(not (shutil.which("dunst") and shutil.which("Xvfb")),
+                    reason="needs dunst and Xvfb (Debian: apt-get install dunst xvfb)")
+def test_with_a_real_dunst(buses, services, agents, tmp_path):
+    session, _ = buses
+    display = f":{90 + os.getpid() % 50}"
+    xvfb = subprocess.Popen(["Xvfb", display, "-nolisten", "tcp"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, **session.env(), "DISPLAY": display}
+    dunst = None
+    try:
+        time.sleep(0.5)
+        dunst = subprocess.Popen(["dunst", "-config", "/dev/null"], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, manager = services.resourced(session.address, health(data=("OK", "fine")))
+        agent = agents(session.env())
+        agent.wait_log("(running)")
+
+        def has_dunst():
+            done = subprocess.run(["busctl", f"--address={session.address}", "status",
+                                   "org.freedesktop.Notifications"],
+                                  capture_output=True, timeout=5)
+            return done.returncode == 0
+        eventually(has_dunst, 10)
+        services.emit(manager, "data", "OK", "STOP", REASON)
+        time.sleep(0.5)
+        services.emit(manager, "data", "STOP", "OK", "fine")   # closed bubbles go to history
+
+        def in_history():
+            done = subprocess.run(["dunstctl", "history"], env=env, capture_output=True,
+                                  text=True, timeout=5)
+            return "resourced: disk /data STOP" in done.stdout
+        eventually(in_history, 10)
+        assert "cannot show" not in agent.log()
+    finally:
+        for proc in (dunst, xvfb):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(5)

@@ -1,0 +1,142 @@
+"""The notification agent's pure part: which Notify or CloseNotification for each change."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from resourced.cli.notify import Bubbles, Close, Show, check_label
+from resourced.core.health import ERROR, NOT_MEASURED, OK, STOP, UNAVAILABLE, WARN
+
+
+def shown(bubbles: Bubbles, action: Show, notification_id: int) -> Show:
+    bubbles.shown(action, notification_id)
+    return action
+
+
+def test_stop_shows_a_critical_bubble_that_stays():
+    b = Bubbles()
+    b.labels["data"] = "disk /data"
+    action = b.level_changed("data", STOP, "free 9.5G <= stop_free_gib 10")
+    assert isinstance(action, Show)
+    assert (action.replaces_id, action.urgency, action.expire_timeout) == (0, 2, 0)
+    assert action.summary == "resourced: disk /data STOP"
+    assert action.body == "free 9.5G <= stop_free_gib 10"
+
+
+def test_warn_and_failures_show_with_normal_urgency():
+    b = Bubbles()
+    for level in (WARN, ERROR, UNAVAILABLE):
+        action = b.level_changed(f"c-{level}", level, "why")
+        assert (action.urgency, action.expire_timeout, action.replaces_id) == (1, -1, 0)
+        assert action.summary == f"resourced: c-{level} {level}"
+
+
+def test_a_change_replaces_the_bubble_in_place():
+    b = Bubbles()
+    shown(b, b.level_changed("data", STOP, "full"), 7)
+    action = b.level_changed("data", WARN, "nearly full")
+    assert (action.replaces_id, action.urgency) == (7, 1)
+    shown(b, action, 7)
+    assert b.ids == {"data": 7}
+
+
+def test_ok_closes_the_bubble_once():
+    b = Bubbles()
+    shown(b, b.level_changed("data", WARN, "x"), 7)
+    assert b.level_changed("data", OK, "fine") == Close("data", 7)
+    assert b.ids == {}
+    assert b.level_changed("data", OK, "fine") is None
+
+
+def test_ok_without_a_bubble_does_nothing():
+    assert Bubbles().level_changed("ram", OK, "fine") is None
+
+
+def test_one_bubble_per_check():
+    b = Bubbles()
+    shown(b, b.level_changed("ram", WARN, "x"), 1)
+    action = b.level_changed("data", STOP, "y")
+    assert action.replaces_id == 0
+    shown(b, action, 2)
+    assert b.ids == {"ram": 1, "data": 2}
+    assert b.level_changed("ram", OK, "") == Close("ram", 1)
+    assert b.ids == {"data": 2}
+
+
+def test_the_same_level_and_reason_again_does_not_pop_up_again():
+    b = Bubbles()
+    shown(b, b.level_changed("data", WARN, "x"), 3)
+    assert b.level_changed("data", WARN, "x") is None
+    assert b.level_changed("data", WARN, "y").replaces_id == 3
+
+
+def test_a_bubble_closed_by_the_server_is_forgotten():
+    b = Bubbles()
+    shown(b, b.level_changed("data", WARN, "x"), 3)
+    b.closed(99)
+    assert b.ids == {"data": 3}
+    b.closed(3)
+    assert b.ids == {}
+    assert b.level_changed("data", STOP, "y").replaces_id == 0
+
+
+def test_a_new_notification_server_gets_no_stale_ids():
+    b = Bubbles()
+    shown(b, b.level_changed("data", WARN, "x"), 3)
+    b.forget_all()
+    assert b.level_changed("data", STOP, "y").replaces_id == 0
+    assert b.level_changed("ram", OK, "") is None
+
+
+def test_resync_shows_what_is_not_ok_and_closes_what_is():
+    b = Bubbles()
+    shown(b, b.level_changed("data", STOP, "full"), 4)
+    shown(b, b.level_changed("old", WARN, "x"), 5)
+    shown(b, b.level_changed("same", WARN, "w"), 6)
+    actions = b.resync({"data": (OK, "fine"), "ram": (WARN, "low"), "same": (WARN, "w"),
+                        "new": (UNAVAILABLE, NOT_MEASURED)})
+    closes = [a for a in actions if isinstance(a, Close)]
+    shows = [a for a in actions if isinstance(a, Show)]
+    assert sorted(closes, key=lambda c: c.id) == [Close("data", 4), Close("old", 5)]
+    assert [(s.check, s.level, s.replaces_id) for s in shows] == [("ram", WARN, 0)]
+
+
+def test_labels():
+    assert check_label("data", "disk", "/data") == "disk /data"
+    assert check_label("ram", "ram") == "ram"
+    assert check_label("memory", "ram") == "ram (memory)"
+    assert check_label("mystery") == "mystery"
+
+
+def test_gpuctl_notify_and_resources_help_load_no_bus_library():
+    probe = ("import sys; from resourced.cli import main; "
+             "rcs = [main(['notify', '--help']), main(['resources', '--help'])]; "
+             "print(rcs, [m for m in ('dbus_fast', 'jeepney', 'asyncio') if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=30, check=True)
+    assert done.stdout.splitlines()[-1] == "[0, 0] []"
+
+
+def test_systemd_accepts_the_agents_user_unit(tmp_path):
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    template = Path(__file__).resolve().parents[2] / "systemd" / "resourced-notify.service"
+    text = template.read_text()
+    settings = [line for line in text.splitlines() if line and not line.startswith("#")]
+    for setting in ("Type=exec", "ExecStart=@PYTHON@ -m resourced.cli notify",
+                    "Restart=on-failure", "PartOf=graphical-session.target",
+                    "After=graphical-session.target", "WantedBy=graphical-session.target"):
+        assert setting in settings
+    unit = tmp_path / "resourced-notify.service"
+    unit.write_text(text.replace("@PYTHON@", sys.executable))
+    runtime = tmp_path / "xdg-runtime"
+    runtime.mkdir(mode=0o700)
+    done = subprocess.run(["systemd-analyze", "--user", "verify", str(unit)],
+                          env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
+                          capture_output=True, text=True, timeout=60)
+    about_us = [line for line in (done.stdout + done.stderr).splitlines() if unit.name in line]
+    assert done.returncode == 0 and about_us == [], done.stdout + done.stderr
