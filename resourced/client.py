@@ -13,31 +13,47 @@ bus when ``org.resourced`` is owned there, else the system bus.
     ...     claim = client.claim(mode="dev", gpus=1, task_name="tuning", owner_pid=os.getpid())
     ...     client.release(claim["allocation"]["ref"])
 
+Leases, after reslock: a process-bound claim of GPUs, VRAM or pool amounts, released on
+leaving the ``with`` block (or when the process dies)::
+
+    with client.acquire(vram="4G", priority=5, label="whisper") as lease:
+        run_whisper(lease.env)
+    lease = client.try_acquire(ram="64G", cpu=8)       # None if it does not fit now
+    async with AsyncClient().acquire(vram="4G") as lease: ...
+
 Errors raise ``resourced.ResourcedError`` subclasses with ``.code`` and ``.message``.
 """
 
 import contextlib
-import json
 import os
 
-from jeepney import DBusAddress, MessageFlag, MessageType, new_method_call
+from jeepney import DBusAddress, MatchRule, MessageFlag, MessageType, new_method_call
+from jeepney.bus_messages import message_bus
 from jeepney.low_level import HeaderFields
 
-from .bus.names import BUS_NAME, MANAGER_IFACE, MANAGER_PATH, RELEASE_FORCE
+from .bus.names import BUS_NAME, CLAIM_IFACE, MANAGER_IFACE, MANAGER_PATH, RELEASE_FORCE
 from .environment import claim_env
-from .errors import DaemonUnreachable, InvalidRequest, NoSuchClaim, error_from_bus
+from .errors import (
+    DaemonUnreachable, GPUsBusy, InvalidRequest, NoSuchClaim, NotEnoughCapacity, NotEnoughGPUs,
+    QueueTimeout, error_from_bus,
+)
 
-__all__ = ["AsyncClient", "Client"]
+__all__ = ["AsyncClient", "AsyncLease", "Client", "Lease"]
 
 BUSES = ("session", "system")
 DEFAULT_TIMEOUT = 25.0
+SHORT = (NotEnoughGPUs, NotEnoughCapacity, GPUsBusy)
+"""What try_acquire answers with None."""
 
 _MANAGER = DBusAddress(MANAGER_PATH, bus_name=BUS_NAME, interface=MANAGER_IFACE)
 _DBUS = DBusAddress("/org/freedesktop/DBus", bus_name="org.freedesktop.DBus",
                     interface="org.freedesktop.DBus")
-_PROPS = DBusAddress(MANAGER_PATH, bus_name=BUS_NAME, interface="org.freedesktop.DBus.Properties")
-_ALLOCATION_KEYS = ("mode", "gpu_uuids", "gpu_indices", "pci_indices")
 _PEER = DBusAddress(MANAGER_PATH, bus_name=BUS_NAME, interface="org.freedesktop.DBus.Peer")
+# The bus resolves a well-known sender name in a match rule; jeepney's local filter cannot
+# (messages carry the daemon's unique name), so the local rule matches on the rest.
+_CLAIM_SIGNALS = dict(type="signal", interface=CLAIM_IFACE)
+_LEVEL_SIGNALS = dict(type="signal", interface=MANAGER_IFACE, member="LevelChanged",
+                      path=MANAGER_PATH)
 
 
 def requested_bus(bus: str | None) -> str | None:
@@ -46,6 +62,30 @@ def requested_bus(bus: str | None) -> str | None:
     if bus is not None and bus not in BUSES:
         raise InvalidRequest(f"bus must be 'session' or 'system', not {bus!r}")
     return bus
+
+
+def _amount(value) -> int:
+    from .amounts import parse_amount
+
+    try:
+        return parse_amount(value)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
+def demand_options(gpus: int = 0, vram=None, ram=None, cpu=None, pools=None) -> tuple[int, dict]:
+    """(gpus, options) for Claim from friendly arguments: amounts like ``"4G"`` or ints."""
+    options = {}
+    amounts = {name: _amount(v) for name, v in (pools or {}).items()}
+    if ram is not None:
+        amounts["ram"] = _amount(ram)
+    if cpu is not None:
+        amounts["cpu"] = _amount(cpu)
+    if amounts:
+        options["Pools"] = ("a{st}", amounts)
+    if vram is not None:
+        options["VRAMBytes"] = ("t", _amount(vram))
+    return gpus, options
 
 
 class _Base:
@@ -65,8 +105,11 @@ class _Base:
             msg.header.flags |= MessageFlag.allow_interactive_authorization
         return msg
 
-    def _claim_message(self, mode, gpus, owner_pid, label, task_name, member_pids=()):
-        options = {"Mode": ("s", mode)}
+    def _claim_message(self, mode, gpus, owner_pid=None, label="", task_name="",
+                       member_pids=(), vram=None, ram=None, cpu=None, pools=None,
+                       priority=0, wait=False, timeout=None, reclaimable=False):
+        gpus, options = demand_options(gpus, vram, ram, cpu, pools)
+        options["Mode"] = ("s", mode)
         if owner_pid is not None:
             options["OwnerPID"] = ("u", owner_pid)
         if member_pids:
@@ -75,14 +118,26 @@ class _Base:
             options["Label"] = ("s", label)
         if task_name:
             options["TaskName"] = ("s", task_name)
+        if priority:
+            options["Priority"] = ("i", priority)
+        if wait:
+            options["Wait"] = ("b", True)
+        if timeout is not None:
+            options["QueueTimeoutUSec"] = ("t", int(timeout * 1e6))
+        if reclaimable:
+            options["Reclaimable"] = ("b", True)
         return self._call("Claim", "ua{sv}", (gpus, options))
 
     def _release_message(self, ref: str, force: bool):
         return self._call("Release", "st", (ref, RELEASE_FORCE if force else 0))
 
+    def _release_gpu_message(self, gpu: str, reason: str):
+        return self._call("ReleaseGPU", "ss", (gpu, reason))
+
     @staticmethod
-    def _get_property(name: str):
-        return new_method_call(_PROPS, "Get", "ss", (MANAGER_IFACE, name))
+    def _get_property(name: str, path: str = MANAGER_PATH, interface: str = MANAGER_IFACE):
+        props = DBusAddress(path, bus_name=BUS_NAME, interface="org.freedesktop.DBus.Properties")
+        return new_method_call(props, "Get", "ss", (interface, name))
 
     @staticmethod
     def _name_has_owner():
@@ -98,28 +153,47 @@ class _Base:
         return reply.body
 
     @staticmethod
-    def _decode_claim(body: tuple, use_index: bool = False) -> dict:
-        ref, _path, grant = body
+    def _allocation(ref: str, grant: dict, use_index: bool) -> dict:
         allocation = {
             "ref": ref,
+            "state": grant["State"][1],
             "mode": grant["Mode"][1],
             "gpu_uuids": list(grant["GPUUUIDs"][1]),
             "gpu_indices": list(grant["GPUIndices"][1]),
             "pci_indices": list(grant["PCIIndices"][1]),
+            "gpu_memory_bytes": list(grant["GPUMemoryBytes"][1]),
+            "vram_bytes": grant["VRAMBytes"][1],
+            "pools": dict(grant["Pools"][1]),
         }
         return {"allocation": allocation, "env": claim_env(allocation, use_index),
                 "warnings": list(grant["Warnings"][1])}
 
     @staticmethod
     def _find_allocation(status: dict, ref: str, use_index: bool) -> dict:
+        memory = {g["uuid"]: g["memory_bytes"] for g in status["gpus"]}
         for c in status["claims"]:
             if c["id"] == ref:
-                allocation = {"ref": ref, **{k: c[k] for k in _ALLOCATION_KEYS}}
-                return {"allocation": allocation, "env": claim_env(allocation, use_index)}
+                allocation = {
+                    "ref": ref, "state": c["state"], "mode": c["mode"],
+                    "gpu_uuids": c["gpu_uuids"], "gpu_indices": c["gpu_indices"],
+                    "pci_indices": c["pci_indices"],
+                    "gpu_memory_bytes": [memory[u] for u in c["gpu_uuids"]],
+                    "vram_bytes": c["vram_bytes"], "pools": c["pools"],
+                }
+                return {"allocation": allocation, "env": claim_env(allocation, use_index),
+                        "warnings": []}
         raise NoSuchClaim(f"no claim {ref!r} (unknown or already released)")
 
-    def _release_gpu_message(self, gpu: str, reason: str):
-        return self._call("ReleaseGPU", "ss", (gpu, reason))
+    @staticmethod
+    def _outcome(msg, use_index: bool) -> dict:
+        """A queued claim's Granted or Cancelled signal, as claim()'s result or an error."""
+        ref = msg.header.fields[HeaderFields.path].rsplit("/", 1)[1]
+        if msg.header.fields[HeaderFields.member] == "Granted":
+            return _Base._allocation(ref, msg.body[0], use_index)
+        reason = msg.body[0]
+        if reason == "timeout":
+            raise QueueTimeout(f"claim {ref} was not granted in time; it left the queue")
+        raise NoSuchClaim(f"claim {ref} left the queue: {reason}")
 
     @staticmethod
     def _decode_verify(body: tuple) -> list[dict]:
@@ -128,6 +202,12 @@ class _Base:
     @staticmethod
     def _unreachable(bus: str, exc: Exception) -> DaemonUnreachable:
         return DaemonUnreachable(f"cannot reach the {bus} bus: {exc}")
+
+
+def _is_outcome_of(msg, path: str) -> bool:
+    fields = msg.header.fields
+    return fields.get(HeaderFields.path) == path and \
+        fields.get(HeaderFields.member) in ("Granted", "Cancelled")
 
 
 class Client(_Base):
@@ -171,16 +251,54 @@ class Client(_Base):
 
     def claim(self, mode: str = "dev", gpus: int = 1, task_name: str = "",
               owner_pid: int | None = None, label: str = "", use_index: bool = False,
-              member_pids: tuple[int, ...] = ()) -> dict:
-        """Claim GPUs; returns ``{"allocation": {"ref": ...}, "env": {...}, "warnings": [...]}``.
+              member_pids: tuple[int, ...] = (), vram=None, ram=None, cpu=None,
+              pools: dict | None = None, priority: int = 0, wait: bool = False,
+              timeout: float | None = None, reclaimable: bool = False) -> dict:
+        """Claim GPUs, a VRAM share and/or pool amounts, all or nothing; returns
+        ``{"allocation": {"ref": ...}, "env": {...}, "warnings": [...]}``.
 
-        ``member_pids`` are further processes of yours that belong to the claim from the
-        start (their descendants too), besides the owner."""
-        msg = self._claim_message(mode, gpus, owner_pid, label, task_name, member_pids)
-        return self._decode_claim(self._send(msg), use_index)
+        Amounts are bytes or strings like ``"4G"``.  ``member_pids`` are further processes
+        of yours that belong to the claim from the start.  With ``wait`` the request
+        queues (by ``priority``, then arrival) until granted; ``timeout`` seconds later it
+        gives up with ``QueueTimeout``; an interrupted wait leaves the queue."""
+        msg = self._claim_message(mode, gpus, owner_pid, label, task_name, member_pids, vram,
+                                  ram, cpu, pools, priority, wait, timeout, reclaimable)
+        if not wait:
+            ref, _path, grant = self._send(msg)
+            return self._allocation(ref, grant, use_index)
+        conn = self._connection()
+        rule = MatchRule(sender=BUS_NAME, **_CLAIM_SIGNALS)
+        with conn.filter(MatchRule(**_CLAIM_SIGNALS), bufsize=1024) as signals:
+            self._body(conn.send_and_get_reply(message_bus.AddMatch(rule), timeout=self.timeout))
+            try:
+                ref, path, grant = self._send(msg)
+                if grant["State"][1] != "queued":
+                    return self._allocation(ref, grant, use_index)
+                return self._await_outcome(signals, ref, path, timeout, use_index)
+            finally:
+                with contextlib.suppress(Exception):
+                    conn.send(message_bus.RemoveMatch(rule))
+
+    def _await_outcome(self, signals, ref: str, path: str, timeout, use_index: bool) -> dict:
+        conn = self._connection()
+        try:
+            while True:
+                try:
+                    msg = conn.recv_until_filtered(signals, timeout=None if timeout is None
+                                                   else timeout + self.timeout)
+                except TimeoutError:
+                    raise QueueTimeout(f"claim {ref} was not granted in time") from None
+                except OSError as exc:
+                    raise self._unreachable(self.bus, exc) from exc
+                if _is_outcome_of(msg, path):
+                    return self._outcome(msg, use_index)
+        except BaseException:  # timed out, interrupted, or cancelled by the daemon
+            with contextlib.suppress(NoSuchClaim, DaemonUnreachable):
+                self.release(ref)  # leave no trace in the queue
+            raise
 
     def release(self, ref: str, force: bool = False) -> list[str]:
-        """Release a claim; returns warnings (e.g. the GPUs could not be checked).
+        """Release a claim (a queued one leaves the queue); returns warnings.
 
         Raises ``StillInUse`` while the claim's processes still use its GPUs, unless forced.
         """
@@ -190,13 +308,39 @@ class Client(_Base):
         """Force-release whatever claim holds ``gpu`` (alias, index or UUID); returns its ref."""
         return self._send(self._release_gpu_message(gpu, reason))[0]
 
-    def verify(self) -> list[dict]:
-        """Per GPU: Status (OK, IDLE CLAIM, UNCLAIMED USE, FOREIGN PROCESS, MISSING, UNKNOWN),
-        Claim, Processes (Pid, User, Command, Claim, Ambiguous, ...)."""
-        return self._decode_verify(self._send(self._call("Verify")))
+    def acquire(self, gpus: int = 0, vram=None, ram=None, cpu=None, pools: dict | None = None,
+                priority: int = 0, label: str = "", timeout: float | None = None,
+                reclaimable: bool = False) -> "Lease":
+        """Wait for a lease (by priority, then arrival) and return it; use it in ``with``.
+
+        The lease belongs to this process: it ends on ``release()``, on leaving the
+        ``with`` block, or when the process dies."""
+        granted = self.claim(mode="run", gpus=gpus, vram=vram, ram=ram, cpu=cpu, pools=pools,
+                             priority=priority, label=label, wait=True, timeout=timeout,
+                             reclaimable=reclaimable, owner_pid=os.getpid())
+        return Lease(self, granted)
+
+    def try_acquire(self, gpus: int = 0, vram=None, ram=None, cpu=None,
+                    pools: dict | None = None, priority: int = 0, label: str = "",
+                    reclaimable: bool = False) -> "Lease | None":
+        """A lease if it fits now (without jumping a waiter), else None."""
+        try:
+            granted = self.claim(mode="run", gpus=gpus, vram=vram, ram=ram, cpu=cpu,
+                                 pools=pools, priority=priority, label=label,
+                                 reclaimable=reclaimable, owner_pid=os.getpid())
+        except SHORT:
+            return None
+        return Lease(self, granted)
+
+    def reclaim_requested(self, ref: str) -> bool:
+        """Whether the daemon asks this (reclaimable) claim back."""
+        msg = self._get_property("ReclaimRequested", f"{MANAGER_PATH}/claim/{ref}", CLAIM_IFACE)
+        return self._send(msg)[0][1]
 
     def status(self) -> dict:
-        """The daemon's whole view: GPUs, claims, backend."""
+        """The daemon's whole view: GPUs, pools, claims, the queue, health."""
+        import json
+
         return json.loads(self._send(self._call("Describe"))[0])
 
     def allocation(self, ref: str, use_index: bool = False) -> dict:
@@ -210,6 +354,11 @@ class Client(_Base):
     def free(self) -> int:
         """How many GPUs are free now."""
         return self._send(self._get_property("FreeGPUs"))[0][1]
+
+    def verify(self) -> list[dict]:
+        """Per GPU: Status (OK, IDLE CLAIM, UNCLAIMED USE, FOREIGN PROCESS, MISSING, UNKNOWN),
+        Claim, Processes (Pid, User, Command, Claim, Ambiguous, ...)."""
+        return self._decode_verify(self._send(self._call("Verify")))
 
     def ping(self) -> None:
         """A bare round trip to the daemon (org.freedesktop.DBus.Peer.Ping)."""
@@ -225,6 +374,34 @@ class Client(_Base):
 
     def __exit__(self, *exc):
         self.close()
+
+
+class Lease:
+    """A granted, process-bound claim; a context manager that releases it."""
+
+    def __init__(self, client: Client, granted: dict):
+        self.client = client
+        self.allocation = granted["allocation"]
+        self.env = granted["env"]
+        self.ref = self.allocation["ref"]
+        self.released = False
+
+    @property
+    def reclaim_requested(self) -> bool:
+        """Whether the daemon asks this lease back for a higher-priority waiter."""
+        return self.client.reclaim_requested(self.ref)
+
+    def release(self) -> None:
+        if not self.released:
+            with contextlib.suppress(NoSuchClaim):
+                self.client.release(self.ref, force=True)
+            self.released = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
 
 
 class AsyncClient(_Base):
@@ -262,16 +439,47 @@ class AsyncClient(_Base):
 
         router = await self._connection()
         try:
-            reply = await asyncio.wait_for(router.send_and_get_reply(msg), self.timeout)
-        except (OSError, asyncio.TimeoutError) as exc:
+            async with asyncio.timeout(self.timeout):
+                reply = await router.send_and_get_reply(msg)
+        except (OSError, TimeoutError) as exc:
             raise self._unreachable(self.bus, exc) from exc
         return self._body(reply)
 
     async def claim(self, mode: str = "dev", gpus: int = 1, task_name: str = "",
-                    owner_pid: int | None = None, label: str = "",
-                    use_index: bool = False, member_pids: tuple[int, ...] = ()) -> dict:
-        msg = self._claim_message(mode, gpus, owner_pid, label, task_name, member_pids)
-        return self._decode_claim(await self._send(msg), use_index)
+                    owner_pid: int | None = None, label: str = "", use_index: bool = False,
+                    member_pids: tuple[int, ...] = (), vram=None, ram=None, cpu=None,
+                    pools: dict | None = None, priority: int = 0, wait: bool = False,
+                    timeout: float | None = None, reclaimable: bool = False) -> dict:
+        """As ``Client.claim``; a cancelled wait leaves the queue."""
+        import asyncio
+
+        msg = self._claim_message(mode, gpus, owner_pid, label, task_name, member_pids, vram,
+                                  ram, cpu, pools, priority, wait, timeout, reclaimable)
+        if not wait:
+            ref, _path, grant = await self._send(msg)
+            return self._allocation(ref, grant, use_index)
+        router = await self._connection()
+        rule = MatchRule(sender=BUS_NAME, **_CLAIM_SIGNALS)
+        with router.filter(MatchRule(**_CLAIM_SIGNALS), bufsize=1024) as signals:
+            self._body(await router.send_and_get_reply(message_bus.AddMatch(rule)))
+            ref = None
+            try:
+                ref, path, grant = await self._send(msg)
+                if grant["State"][1] != "queued":
+                    return self._allocation(ref, grant, use_index)
+                async with asyncio.timeout(None if timeout is None else timeout + self.timeout):
+                    while True:
+                        signal_msg = await signals.get()
+                        if _is_outcome_of(signal_msg, path):
+                            return self._outcome(signal_msg, use_index)
+            except (asyncio.CancelledError, TimeoutError):
+                if ref is not None:
+                    with contextlib.suppress(Exception):
+                        await self._send(self._release_message(ref, False))
+                raise
+            finally:
+                with contextlib.suppress(Exception):
+                    await router.send(message_bus.RemoveMatch(rule))
 
     async def release(self, ref: str, force: bool = False) -> list[str]:
         return list((await self._send(self._release_message(ref, force)))[0])
@@ -279,10 +487,32 @@ class AsyncClient(_Base):
     async def release_gpu(self, gpu: str, reason: str) -> str:
         return (await self._send(self._release_gpu_message(gpu, reason)))[0]
 
-    async def verify(self) -> list[dict]:
-        return self._decode_verify(await self._send(self._call("Verify")))
+    def acquire(self, gpus: int = 0, vram=None, ram=None, cpu=None, pools: dict | None = None,
+                priority: int = 0, label: str = "", timeout: float | None = None,
+                reclaimable: bool = False) -> "_Acquiring":
+        """``async with client.acquire(vram="4G") as lease:`` (or ``lease = await ...``)."""
+        return _Acquiring(self, dict(gpus=gpus, vram=vram, ram=ram, cpu=cpu, pools=pools,
+                                     priority=priority, label=label, wait=True, timeout=timeout,
+                                     reclaimable=reclaimable))
+
+    async def try_acquire(self, gpus: int = 0, vram=None, ram=None, cpu=None,
+                          pools: dict | None = None, priority: int = 0, label: str = "",
+                          reclaimable: bool = False) -> "AsyncLease | None":
+        try:
+            granted = await self.claim(mode="run", gpus=gpus, vram=vram, ram=ram, cpu=cpu,
+                                       pools=pools, priority=priority, label=label,
+                                       reclaimable=reclaimable, owner_pid=os.getpid())
+        except SHORT:
+            return None
+        return AsyncLease(self, granted)
+
+    async def reclaim_requested(self, ref: str) -> bool:
+        msg = self._get_property("ReclaimRequested", f"{MANAGER_PATH}/claim/{ref}", CLAIM_IFACE)
+        return (await self._send(msg))[0][1]
 
     async def status(self) -> dict:
+        import json
+
         return json.loads((await self._send(self._call("Describe")))[0])
 
     async def allocation(self, ref: str, use_index: bool = False) -> dict:
@@ -297,16 +527,9 @@ class AsyncClient(_Base):
     async def level_changes(self, check: str | None = None):
         """Every LevelChanged from now on (of ``check``, if given), as an async iterator of
         ``{"check", "old", "new", "reason"}``; the subscription lasts as long as the loop."""
-        from jeepney import MatchRule
-        from jeepney.bus_messages import message_bus
-
         router = await self._connection()
-        fields = dict(type="signal", interface=MANAGER_IFACE, member="LevelChanged",
-                      path=MANAGER_PATH)
-        # The bus resolves the well-known sender name; jeepney's local filter cannot (the
-        # messages carry the daemon's unique name), so it matches on the rest.
-        rule = MatchRule(sender=BUS_NAME, **fields)
-        with router.filter(MatchRule(**fields), bufsize=64) as queue:
+        rule = MatchRule(sender=BUS_NAME, **_LEVEL_SIGNALS)
+        with router.filter(MatchRule(**_LEVEL_SIGNALS), bufsize=64) as queue:
             await router.send_and_get_reply(message_bus.AddMatch(rule))
             try:
                 while True:
@@ -334,6 +557,9 @@ class AsyncClient(_Base):
                     if levels is None or change["new"] in levels:
                         return change
 
+    async def verify(self) -> list[dict]:
+        return self._decode_verify(await self._send(self._call("Verify")))
+
     async def ping(self) -> None:
         await self._send(new_method_call(_PEER, "Ping"))
 
@@ -347,6 +573,55 @@ class AsyncClient(_Base):
 
     async def __aexit__(self, *exc):
         await self.close()
+
+
+class AsyncLease:
+    """A granted, process-bound claim for asyncio; ``async with`` releases it."""
+
+    def __init__(self, client: AsyncClient, granted: dict):
+        self.client = client
+        self.allocation = granted["allocation"]
+        self.env = granted["env"]
+        self.ref = self.allocation["ref"]
+        self.released = False
+
+    async def reclaim_requested(self) -> bool:
+        return await self.client.reclaim_requested(self.ref)
+
+    async def release(self) -> None:
+        if not self.released:
+            with contextlib.suppress(NoSuchClaim):
+                await self.client.release(self.ref, force=True)
+            self.released = True
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.release()
+
+
+class _Acquiring:
+    """What ``AsyncClient.acquire`` returns: awaitable, and an async context manager."""
+
+    def __init__(self, client: AsyncClient, kwargs: dict):
+        self.client = client
+        self.kwargs = kwargs
+        self.lease: AsyncLease | None = None
+
+    async def _acquire(self) -> AsyncLease:
+        granted = await self.client.claim(mode="run", owner_pid=os.getpid(), **self.kwargs)
+        self.lease = AsyncLease(self.client, granted)
+        return self.lease
+
+    def __await__(self):
+        return self._acquire().__await__()
+
+    async def __aenter__(self) -> AsyncLease:
+        return await self._acquire()
+
+    async def __aexit__(self, *exc):
+        await self.lease.release()
 
 
 def _plain(value):

@@ -97,10 +97,13 @@ class CheckEntry:
 
 @dataclass(frozen=True)
 class PoolEntry:
-    """One ``[[pool]]``: a named quantity (bytes for amounts with a unit, else a count)."""
+    """One ``[[pool]]``: a named quantity (bytes for amounts with a unit, else a count).
+
+    Naming a host pool (``cpu``, ``ram``) sets its capacity instead of the machine's."""
 
     name: str
     capacity: int
+    unit: str = "count"  # bytes | count
 
 
 @dataclass(frozen=True)
@@ -289,6 +292,14 @@ def _capacity(value):
     raise _Bad(f'must be a positive whole number or an amount like "64G", not {_show(value)}')
 
 
+def _unit_of(written, name: str) -> str:
+    """The default unit: bytes when the capacity was written with a unit ("64G"), or for
+    the ram pool; else a count."""
+    if name == "ram" or (isinstance(written, str) and any(c.isalpha() for c in written)):
+        return "bytes"
+    return "count"
+
+
 _ALIAS = r"[A-Za-z0-9_-]+"
 _POOL_NAME = r"[a-z0-9][a-z0-9_.-]*"
 # shadow-utils' rule, loosened as Debian does (capitals, dots); at most 32 characters.
@@ -327,6 +338,7 @@ _POOL = {
     "name": (_string(_POOL_NAME, "lower-case letters, digits, '_', '.' and '-', "
                      "starting with a letter or digit"), True),
     "capacity": (_capacity, True),
+    "unit": (_string("bytes|count", '"bytes" or "count"'), False),
 }
 _ARRAYS = {"gpu": _GPU, "check": _CHECK, "pool": _POOL}
 
@@ -460,12 +472,13 @@ class _Checker:
     def pools(self, raw: list[dict]) -> tuple[PoolEntry, ...]:
         entries = [self.table(e, f"pool[{i}]", _POOL) for i, e in enumerate(raw)]
         self.unique(entries, "pool", "name")
-        return tuple(PoolEntry(**e) for e in entries)
+        return tuple(PoolEntry(**{**e, "unit": e.get("unit") or _unit_of(r["capacity"], e["name"])})
+                     for e, r in zip(entries, raw))
 
 
 # --- reloading ---------------------------------------------------------------------------
 
-_RESTART = frozenset({"daemon.runtime_dir", "daemon.persist", "gpu"})
+_RESTART = frozenset({"daemon.runtime_dir", "daemon.persist", "gpu", "pool"})
 
 
 def reload_changes(old: Config, new: Config) -> tuple[list[str], list[str]]:

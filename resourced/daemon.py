@@ -27,6 +27,7 @@ from .bus.names import BUS_NAME
 from .config import Config, ConfigError, find_config, load_config, reload_changes
 from .engine import Engine
 from .health_monitor import HealthMonitor
+from .evidence.host import host_pools
 from .evidence.processes import boot_id
 from .sd import notify, reloading, run_watchdog, setup_logging, watchdog_interval
 from .store import ClaimStore, StoreBusy, StoreError
@@ -176,7 +177,7 @@ async def serve(args: argparse.Namespace) -> int:
         raise
     restored = store.load() if config.daemon.persist else {}
     engine = Engine(select_backend(), store if config.daemon.persist else None,
-                    config.daemon, config.gpus)
+                    config.daemon, config.gpus, host_pools(config.pools))
     await engine.start(restored)
     health = HealthMonitor(config.checks, config.daemon.sample_interval,
                            config.daemon.probe_timeout)

@@ -15,6 +15,7 @@ worker re-parented to init stays known.  Owners and members are watched through 
 
 import asyncio
 import logging
+import os
 import pwd
 import secrets
 import string
@@ -25,9 +26,12 @@ from dataclasses import dataclass
 from .backends import Backend, NoGpus
 from .config import DaemonConfig, GpuEntry
 from .core.attribution import attribute, claim_processes, descendants
-from .core.claims import Claim, ClaimRequest, ProcessRef
+from .core.claims import QUEUED, Claim, ClaimRequest, Demand, ProcessRef
 from .core.inventory import Gpu
-from .core.ledger import ClaimGranted, ClaimReleased, Event, Ledger, OwnerDied
+from .core.ledger import (
+    ClaimGranted, ClaimQueued, ClaimReleased, Event, Ledger, OwnerDied, ReclaimAsked,
+)
+from .core.pools import Pool
 from .core.verify import GpuReport, SeenProcess, verify
 from .errors import (
     Internal, InvalidRequest, NoSuchClaim, NotClaimOwner, NotProcessOwner, ResourcedError,
@@ -35,7 +39,7 @@ from .errors import (
 )
 from .evidence.gpuprobe import GpuEvidence, GpuProbe
 from .evidence.liveness import ExitWatcher
-from .evidence.processes import process_ref, process_uid
+from .evidence.processes import pin_process, process_uid
 from .evidence.proctable import ancestry, command_line, read_table, user_name
 from .sd import audit
 from .threads import off_loop
@@ -79,12 +83,16 @@ def managed_gpus(present: list[Gpu], configured: tuple[GpuEntry, ...]) -> tuple[
 
 class Engine:
     def __init__(self, backend: Backend, store=None, settings: DaemonConfig = DaemonConfig(),
-                 configured: tuple[GpuEntry, ...] = (), clock=wall_clock_usec):
+                 configured: tuple[GpuEntry, ...] = (), pools: tuple[Pool, ...] = (),
+                 clock=wall_clock_usec):
         self.backend = backend
         self.store = store  # a ClaimStore, or None to keep claims in memory only
         self.settings = settings
         self.configured = configured
+        self.pools = pools
         self.clock = clock
+        self._busy: frozenset[str] = frozenset()  # free GPUs the last probe found busy
+        self._timers: dict[str, asyncio.TimerHandle] = {}
         self.ledger = Ledger([])
         self.present: list[Gpu] = []  # every GPU the backend reports, managed or not
         self.missing: list[GpuEntry] = []
@@ -114,7 +122,7 @@ class Engine:
             self.backend = NoGpus(failure)
             self.probe = GpuProbe(self.backend, self.settings.probe_timeout)
         gpus, self.missing = managed_gpus(self.present, self.configured)
-        self.ledger = Ledger(gpus)
+        self.ledger = Ledger(gpus, self.pools)
         if not gpus:
             log.warning("no GPUs to manage: %s", self.backend_note or "the backend lists none")
         for entry in self.missing:
@@ -123,6 +131,8 @@ class Engine:
             log.error("dropping restored claim %s: %s", claim.id, why)
         for claim in list(self.ledger.claims.values()):
             self._watch_claim(claim)
+            self._arm_timeout(claim)
+        self._commit(self.ledger.schedule(self._busy))
         if self.ledger.claims:
             log.info("restored %d claim(s)", len(self.ledger.claims))
         self._tracker = asyncio.ensure_future(self._track())
@@ -130,6 +140,8 @@ class Engine:
     def close(self) -> None:
         if self._tracker:
             self._tracker.cancel()
+        for timer in self._timers.values():
+            timer.cancel()
         if self._watcher:
             self._watcher.close()
 
@@ -142,30 +154,49 @@ class Engine:
         self._listeners.append(listener)
 
     # -- operations --------------------------------------------------------------------
-    async def claim(self, caller: Caller, gpus: int, mode: str, owner_pid: int | None = None,
-                    label: str = "", task_name: str = "",
-                    member_pids: tuple[int, ...] = ()) -> tuple[Claim, list[str]]:
-        """Grant GPUs, all or nothing; returns the claim and any warnings.
+    async def claim(self, caller: Caller, demand: Demand, mode: str,
+                    owner_pid: int | None = None, label: str = "", task_name: str = "",
+                    member_pids: tuple[int, ...] = (), priority: int = 0, wait: bool = False,
+                    timeout: float | None = None, reclaimable: bool = False,
+                    ) -> tuple[Claim, list[str]]:
+        """Grant ``demand`` all or nothing, or queue it (``wait``); returns the claim (granted
+        or queued) and any warnings.
 
         ``member_pids`` are further processes of the caller that belong to the claim from
-        the start (gpuctl run's wrapper, which adopts the command's orphans)."""
-        owner = _callers_process(caller, caller.pid if owner_pid is None else owner_pid, "owner")
-        members = frozenset(_callers_process(caller, pid, "member") for pid in member_pids)
-        user = await self._user_name(caller.uid)
-        request = ClaimRequest(gpus=gpus, mode=mode, owner=owner, uid=caller.uid, user=user,
-                               label=label, task_name=task_name, members=members)
-        evidence = await self.probe.processes()
-        busy, warnings = self._busy_gpus(evidence)
-        # The decision: synchronous from here on, on the ledger as it is now.
+        the start (gpuctl run's wrapper, which adopts the command's orphans).  A queued
+        claim leaves the queue after ``timeout`` seconds, or when its owner exits."""
+        pinned = [_callers_process(caller, caller.pid if owner_pid is None else owner_pid, "owner")]
         try:
-            events = self.ledger.grant(request, self._new_id(), self.clock(), busy)
-        except ResourcedError as exc:
-            audit(f"refused {gpus} GPU(s) to uid {caller.uid}: {exc.message}", priority=4,
-                  uid=caller.uid, event="refused", refusal=exc.code)
+            pinned += [_callers_process(caller, pid, "member") for pid in member_pids]
+            user = await self._user_name(caller.uid)
+            request = ClaimRequest(demand=demand, mode=mode, owner=pinned[0][0], uid=caller.uid,
+                                   user=user, label=label, task_name=task_name,
+                                   members=frozenset(ref for ref, _ in pinned[1:]),
+                                   priority=priority, reclaimable=reclaimable)
+            warnings: list[str] = []
+            if demand.gpus or demand.vram:
+                self._busy, warnings = self._busy_gpus(await self.probe.processes())
+            # The decision: synchronous from here on, on the ledger as it is now.
+            claim_id = self._new_id()
+            events, refusal = self.ledger.submit(request, claim_id, self.clock(), self._busy, wait)
+        except BaseException as exc:
+            for _, fd in pinned:
+                os.close(fd)
+            if isinstance(exc, ResourcedError):
+                self._audit_refusal(caller, demand, exc)
             raise
-        claim = events[0].claim
-        self._commit(events, undo=lambda: self.ledger.release(claim.id))
-        self._watch_claim(claim)
+        claim = self.ledger.claims.get(claim_id)
+        self._commit(events, undo=lambda: claim and self.ledger.release(claim_id, "cancelled"))
+        if refusal is not None:
+            for _, fd in pinned:
+                os.close(fd)
+            self._audit_refusal(caller, demand, refusal)
+            raise refusal
+        for ref, fd in pinned:
+            self._watcher.watch_pidfd((claim.id, ref), fd)
+        if timeout is not None and claim.state == QUEUED:
+            claim.queue_deadline_usec = self.clock() + int(timeout * 1e6)
+            self._arm_timeout(claim)
         return claim, warnings
 
     async def release(self, caller: Caller, claim_id: str, force: bool = False,
@@ -174,7 +205,10 @@ class Engine:
 
         Only the claim's user (or root) may, unless ``admin`` (the caller was authorized
         to release other users' claims)."""
-        self._check_owner(caller, self.ledger.get(claim_id), admin)
+        claim = self._check_owner(caller, self.ledger.get(claim_id), admin)
+        if claim.state == QUEUED:
+            self._end(claim_id, "cancelled", caller, reason)
+            return []
         warnings = []
         if not force:
             evidence = await self.probe.processes()
@@ -189,6 +223,24 @@ class Engine:
                 warnings.append(f"released without checking the GPUs: {evidence.reason}")
         self._end(claim_id, "forced" if force else "released", caller, reason)
         return warnings
+
+    def _arm_timeout(self, claim: Claim) -> None:
+        if claim.state != QUEUED or not claim.queue_deadline_usec:
+            return
+        delay = max(0.0, (claim.queue_deadline_usec - self.clock()) / 1e6)
+        self._timers[claim.id] = asyncio.get_running_loop().call_later(
+            delay, self._queue_timeout, claim.id)
+
+    def _queue_timeout(self, claim_id: str) -> None:
+        self._timers.pop(claim_id, None)
+        claim = self.ledger.claims.get(claim_id)
+        if claim is not None and claim.state == QUEUED:
+            self._forget(claim)
+            self._commit(self.ledger.release(claim_id, "timeout", self._busy))
+
+    def _audit_refusal(self, caller: Caller, demand: Demand, exc: ResourcedError) -> None:
+        audit(f"refused {self.ledger.describe(demand)} to uid {caller.uid}: {exc.message}",
+              priority=4, uid=caller.uid, event="refused", refusal=exc.code)
 
     def holder_of(self, gpu_name: str) -> Claim:
         """The claim holding a GPU named by alias, index or UUID."""
@@ -220,7 +272,10 @@ class Engine:
 
     # -- views -------------------------------------------------------------------------
     def gpu_state(self, gpu: Gpu) -> str:
-        return "claimed" if self.ledger.holder(gpu.uuid) else "free"
+        """free, claimed (held whole) or shared (VRAM shares on it)."""
+        if self.ledger.holder(gpu.uuid):
+            return "claimed"
+        return "shared" if self.ledger.vram_used(gpu.uuid) else "free"
 
     def free_count(self) -> int:
         return len(self.ledger.free_gpus())
@@ -306,15 +361,17 @@ class Engine:
         if claim is None:
             return
         if ref == claim.owner:
-            self._commit(self.ledger.owner_died(claim_id, self.clock()))
+            self._commit(self.ledger.owner_died(claim_id, self.clock(), self._busy))
         else:
-            self._commit(self.ledger.member_exited(claim_id, ref))
-        if claim_id not in self.ledger.claims:
-            self._forget(claim)
+            self._commit(self.ledger.member_exited(claim_id, ref, self._busy))
+        self._forget_ended()
 
     def _forget(self, claim: Claim) -> None:
         for ref in claim.members | {claim.owner}:
             self._watcher.forget((claim.id, ref))
+        timer = self._timers.pop(claim.id, None)
+        if timer is not None:
+            timer.cancel()
 
     # -- internals ---------------------------------------------------------------------
     @staticmethod
@@ -326,17 +383,25 @@ class Engine:
     def _end(self, claim_id: str, how: str, caller: Caller | None, reason: str) -> None:
         claim = self.ledger.get(claim_id)
         self._forget(claim)
-        events = self.ledger.release(claim_id, how)
+        events = self.ledger.release(claim_id, how, self._busy)
         if reason or how == "forced":
             who = f"uid {caller.uid}" if caller else "resourced"
+            by_owner = caller is not None and caller.uid == claim.uid
             audit(f"{how} release of {claim_id} by {who}: {reason or 'no reason given'}",
-                  priority=4, claim=claim_id, uid=claim.uid, gpu=",".join(claim.gpus),
-                  event=f"{how}-release", reason=reason)
+                  priority=5 if by_owner else 4, claim=claim_id, uid=claim.uid,
+                  gpu=",".join(claim.gpus), event=f"{how}-release", reason=reason)
         self._commit(events)
+
+    def _forget_ended(self) -> None:
+        """Stop watching the processes of claims that ended."""
+        ended = {key[0] for key in self._watcher.keys()} - set(self.ledger.claims)
+        for key in [k for k in self._watcher.keys() if k[0] in ended]:
+            self._watcher.forget(key)
 
     def _new_id(self) -> str:
         while True:
-            claim_id = "c" + "".join(secrets.choice(ID_ALPHABET) for _ in range(6))
+            n = int.from_bytes(secrets.token_bytes(5), "big")
+            claim_id = "c" + "".join(ID_ALPHABET[(n >> (6 * i)) % 36] for i in range(6))
             if claim_id not in self.ledger.claims:
                 return claim_id
 
@@ -361,13 +426,18 @@ class Engine:
         for listener in self._listeners:
             listener(events)
 
-    @staticmethod
-    def _audit(event: Event) -> None:
+    def _audit(self, event: Event) -> None:
         c = event.claim
         gpus = ",".join(c.gpus)
         if isinstance(event, ClaimGranted):
-            audit(f"granted {c.id} ({c.mode}) to {c.user or c.uid}: {gpus}",
-                  claim=c.id, uid=c.uid, gpu=gpus, event="granted")
+            audit(f"granted {c.id} ({c.mode}, {self.ledger.describe(c.demand)}) to {c.user or c.uid}"
+                  f"{': ' + gpus if gpus else ''}", claim=c.id, uid=c.uid, gpu=gpus, event="granted")
+        elif isinstance(event, ClaimQueued):
+            audit(f"queued {c.id} ({self.ledger.describe(c.demand)}, priority {c.priority}) for "
+                  f"{c.user or c.uid}", claim=c.id, uid=c.uid, event="queued")
+        elif isinstance(event, ReclaimAsked):
+            audit(f"asked {c.id} back for {event.waiter.id} (priority {event.waiter.priority})",
+                  claim=c.id, uid=c.uid, gpu=gpus, event="reclaim-asked")
         elif isinstance(event, ClaimReleased):
             audit(f"released {c.id} ({event.reason}): {gpus}",
                   claim=c.id, uid=c.uid, gpu=gpus, event="released", reason=event.reason)
@@ -389,14 +459,16 @@ class Engine:
         return self._user_names[uid]
 
 
-def _callers_process(caller: Caller, pid: int, role: str) -> ProcessRef:
-    """The live process ``pid``, which must be the caller's own (root may name any)."""
-    ref = process_ref(pid)
-    if ref is None:
+def _callers_process(caller: Caller, pid: int, role: str) -> tuple[ProcessRef, int]:
+    """The live process ``pid`` and a pidfd pinning it; it must be the caller's own (root
+    may name any)."""
+    pinned = pin_process(pid)
+    if pinned is None:
         raise InvalidRequest(f"{role} process {pid} does not exist")
     if caller.uid != 0 and process_uid(pid) != caller.uid:
+        os.close(pinned[1])
         raise NotProcessOwner(f"process {pid} does not belong to uid {caller.uid}")
-    return ref
+    return pinned
 
 
 def _ancestries(pids: list[int]) -> dict:

@@ -3,16 +3,37 @@
 ``CUDA_VISIBLE_DEVICES`` lists the GPU UUIDs (robust: independent of numbering), or with
 ``use_index`` the PCI-ordered indices, in which case ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` is
 what makes them right.  The order is set either way, and the UUIDs are always exported
-separately in ``RESOURCED_GPU_UUIDS``.
+separately in ``RESOURCED_GPU_UUIDS``.  A claim without GPUs hides them all
+(``CUDA_VISIBLE_DEVICES=``), so a CPU job cannot wander onto someone's GPU.
+
+A VRAM share adds ``RESOURCED_VRAM_BYTES`` (the share, in bytes) and the hints frameworks
+read: ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (JAX preallocates that fraction of the GPU) and
+``TF_FORCE_GPU_ALLOW_GROWTH=true`` (TensorFlow allocates as it goes instead of taking
+the whole GPU).  PyTorch has no such variable: call
+``torch.cuda.set_per_process_memory_fraction`` with the same fraction.  Pool amounts are in
+``RESOURCED_POOLS`` (``cpu=8,ram=34359738368``); a cpu amount also sets
+``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS``.
 """
 
 
 def claim_env(allocation: dict, use_index: bool = False) -> dict[str, str]:
     uuids = allocation["gpu_uuids"]
     visible = [str(i) for i in allocation["pci_indices"]] if use_index else uuids
-    return {
+    env = {
         "CUDA_VISIBLE_DEVICES": ",".join(visible),
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "RESOURCED_ALLOCATION": allocation["ref"],
         "RESOURCED_GPU_UUIDS": ",".join(uuids),
     }
+    vram = allocation.get("vram_bytes", 0)
+    if vram and allocation.get("gpu_memory_bytes"):
+        fraction = vram / allocation["gpu_memory_bytes"][0]
+        env["RESOURCED_VRAM_BYTES"] = str(vram)
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{int(fraction * 100) / 100:.2f}"
+        env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
+    pools = allocation.get("pools", {})
+    if pools:
+        env["RESOURCED_POOLS"] = ",".join(f"{name}={amount}" for name, amount in sorted(pools.items()))
+    if "cpu" in pools:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(pools["cpu"])
+    return env

@@ -3,6 +3,9 @@
     ResourcedError                  never raised itself; .code is stable
     ├── InvalidRequest              bad arguments (org.freedesktop.DBus.Error.InvalidArgs)
     ├── NotEnoughGPUs               all-or-nothing refusal
+    ├── NotEnoughCapacity           a pool (or VRAM) is short; also: more than it holds
+    ├── NoSuchPool                  a request names a pool that does not exist
+    ├── QueueTimeout                a waiting request was not granted in time
     ├── GPUsBusy                    the free GPUs run processes nobody claimed
     ├── NoSuchClaim                 unknown or stale claim reference
     ├── NotProcessOwner             an owner pid of another user
@@ -49,6 +52,24 @@ class NotEnoughGPUs(ResourcedError):
     """Fewer GPUs are free than requested; nothing was granted."""
 
     code = "NotEnoughGPUs"
+
+
+class NotEnoughCapacity(ResourcedError):
+    """A pool or VRAM is short now (or the request exceeds what it holds); nothing granted."""
+
+    code = "NotEnoughCapacity"
+
+
+class NoSuchPool(ResourcedError):
+    """The request names a pool the daemon does not have."""
+
+    code = "NoSuchPool"
+
+
+class QueueTimeout(ResourcedError):
+    """A waiting request was not granted within its timeout; it left the queue."""
+
+    code = "QueueTimeout"
 
 
 class GPUsBusy(ResourcedError):
@@ -110,6 +131,9 @@ class Internal(ResourcedError):
 ALL_ERRORS: tuple[type[ResourcedError], ...] = (
     InvalidRequest,
     NotEnoughGPUs,
+    NotEnoughCapacity,
+    NoSuchPool,
+    QueueTimeout,
     GPUsBusy,
     NoSuchClaim,
     NotProcessOwner,

@@ -24,12 +24,15 @@ import stat
 import time
 from pathlib import Path
 
-from .core.claims import Claim, ProcessRef
-from .core.ledger import ClaimGranted, ClaimReleased, Event, MembersChanged, OwnerDied
+from .core.claims import Claim, Demand, ProcessRef
+from .core.ledger import (
+    ClaimGranted, ClaimQueued, ClaimReleased, Event, MembersChanged, OwnerDied, ReclaimAsked,
+    ReclaimWithdrawn,
+)
 
 log = logging.getLogger("resourced")
 
-FORMAT = 1
+FORMAT = 2
 LOG_NAME = "claims.log"
 LOCK_NAME = "lock"
 COMPACT_SLACK = 256
@@ -45,22 +48,29 @@ class StoreBusy(StoreError):
 
 def claim_to_record(claim: Claim) -> dict:
     # Written out rather than dataclasses.asdict, which deep-copies: this is on every grant.
+    d = claim.demand
     return {
-        "id": claim.id, "mode": claim.mode, "gpus": list(claim.gpus),
+        "id": claim.id, "mode": claim.mode, "state": claim.state, "seq": claim.seq,
+        "demand": {"gpus": d.gpus, "vram": d.vram, "pools": [list(p) for p in d.pools]},
+        "gpus": list(claim.gpus),
         "owner": {"pid": claim.owner.pid, "start_time": claim.owner.start_time},
         "uid": claim.uid, "user": claim.user, "label": claim.label,
         "task_name": claim.task_name, "created_usec": claim.created_usec,
+        "priority": claim.priority, "reclaimable": claim.reclaimable,
+        "reclaim_for": claim.reclaim_for, "queue_deadline_usec": claim.queue_deadline_usec,
         "owner_alive": claim.owner_alive, "owner_died_usec": claim.owner_died_usec,
         "members": sorted([m.pid, m.start_time] for m in claim.members),
     }
 
 
 def claim_from_record(data: dict) -> Claim:
+    d = data["demand"]
     return Claim(**{
         **data,
+        "demand": Demand(d["gpus"], d["vram"], tuple((n, a) for n, a in d["pools"])),
         "owner": ProcessRef(**data["owner"]),
         "gpus": tuple(data["gpus"]),
-        "members": frozenset(ProcessRef(pid, start) for pid, start in data.get("members", [])),
+        "members": frozenset(ProcessRef(pid, start) for pid, start in data["members"]),
     })
 
 
@@ -149,6 +159,9 @@ class ClaimStore:
         elif op == "members":
             if record["id"] in claims:
                 claims[record["id"]].members = frozenset(ProcessRef(p, s) for p, s in record["members"])
+        elif op == "reclaim":
+            if record["id"] in claims:
+                claims[record["id"]].reclaim_for = record["for"]
         else:
             raise ValueError(f"unknown op {op!r}")
 
@@ -183,7 +196,7 @@ class ClaimStore:
         """Append the events, one write; compact when the log has grown past its use."""
         records = []
         for event in events:
-            if isinstance(event, ClaimGranted):
+            if isinstance(event, (ClaimGranted, ClaimQueued)):
                 records.append({"op": "grant", "claim": claim_to_record(event.claim)})
             elif isinstance(event, ClaimReleased):
                 records.append({"op": "release", "id": event.claim.id})
@@ -193,6 +206,9 @@ class ClaimStore:
             elif isinstance(event, MembersChanged):
                 records.append({"op": "members", "id": event.claim.id,
                                 "members": claim_to_record(event.claim)["members"]})
+            elif isinstance(event, (ReclaimAsked, ReclaimWithdrawn)):
+                records.append({"op": "reclaim", "id": event.claim.id,
+                                "for": event.claim.reclaim_for})
         if not records:
             return
         data = b"".join(json.dumps(r).encode() + b"\n" for r in records)

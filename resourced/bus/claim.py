@@ -1,7 +1,7 @@
-"""``org.resourced.Claim``: one object per live claim at /org/resourced/claim/<id>."""
+"""``org.resourced.Claim``: one object per claim, queued or granted, at /org/resourced/claim/<id>."""
 
 from dbus_fast import PropertyAccess
-from dbus_fast.service import dbus_method, dbus_property
+from dbus_fast.service import dbus_method, dbus_property, dbus_signal
 
 from ..core.claims import Claim
 from .errors import bus_errors
@@ -12,8 +12,12 @@ R = PropertyAccess.READ
 
 
 class ClaimInterface(Interface):
-    OUT_NAMES = {"Release": ("warnings",)}
-    CONST_PROPERTIES = frozenset({"Id", "Mode", "UID", "User", "OwnerPID", "OwnerStartTime", "Label", "TaskName", "CreatedUSec", "GPUUUIDs"})
+    OUT_NAMES = {"Release": ("warnings",), "Granted": ("grant",), "Cancelled": ("reason",),
+                 "ReclaimRequested": ("waiter_id", "waiter_priority")}
+    CONST_PROPERTIES = frozenset({
+        "Id", "Mode", "UID", "User", "OwnerPID", "OwnerStartTime", "Label", "TaskName",
+        "CreatedUSec", "Priority", "Reclaimable", "VRAMBytes", "Pools",
+    })
 
     def __init__(self, claim: Claim, manager):
         super().__init__(CLAIM_IFACE)
@@ -25,6 +29,24 @@ class ClaimInterface(Interface):
     async def Release(self, flags: "t") -> "as":
         return await self.manager.release(self.claim.id, flags)
 
+    # -- signals: a waiter's outcome, and reclaim requests, on the claim's own path ----
+    @dbus_signal()
+    def Granted(self, grant: dict) -> "a{sv}":
+        return grant
+
+    @dbus_signal()
+    def Cancelled(self, reason: str) -> "s":
+        return reason
+
+    @dbus_signal(name="ReclaimRequested")  # the property of the same name is the flag
+    def reclaim_requested(self, waiter_id: str, waiter_priority: int) -> "si":
+        return [waiter_id, waiter_priority]
+
+    @dbus_signal()
+    def ReclaimWithdrawn(self) -> "":
+        return None
+
+    # -- properties --------------------------------------------------------------------
     @dbus_property(access=R)
     def Id(self) -> "s":
         return self.claim.id
@@ -32,6 +54,10 @@ class ClaimInterface(Interface):
     @dbus_property(access=R)
     def Mode(self) -> "s":
         return self.claim.mode
+
+    @dbus_property(access=R)
+    def State(self) -> "s":
+        return self.claim.state
 
     @dbus_property(access=R)
     def UID(self) -> "u":
@@ -66,10 +92,32 @@ class ClaimInterface(Interface):
         return self.claim.created_usec
 
     @dbus_property(access=R)
+    def Priority(self) -> "i":
+        return self.claim.priority
+
+    @dbus_property(access=R)
+    def Reclaimable(self) -> "b":
+        return self.claim.reclaimable
+
+    @dbus_property(access=R)
+    def ReclaimRequested(self) -> "b":
+        """True while the daemon asks this (reclaimable) claim back for a waiter."""
+        return bool(self.claim.reclaim_for)
+
+    @dbus_property(access=R)
     def GPUUUIDs(self) -> "as":
         return list(self.claim.gpus)
+
+    @dbus_property(access=R)
+    def VRAMBytes(self) -> "t":
+        return self.claim.demand.vram
+
+    @dbus_property(access=R)
+    def Pools(self) -> "a{st}":
+        return dict(self.claim.demand.pools)
 
     @dbus_property(access=R)
     def MemberPIDs(self) -> "au":
         """Descendants of the claim's processes, seen while they lived."""
         return sorted(m.pid for m in self.claim.members)
+

@@ -47,6 +47,11 @@ class GpuInterface(Interface):
         return self.engine.gpu_state(self.gpu)
 
     @dbus_property(access=R)
+    def VRAMUsedBytes(self) -> "t":
+        """VRAM granted to the claims sharing this GPU (0 unless State is shared)."""
+        return self.engine.ledger.vram_used(self.gpu.uuid)
+
+    @dbus_property(access=R)
     def ClaimID(self) -> "s":
         holder = self.engine.ledger.holder(self.gpu.uuid)
         return holder.id if holder else ""

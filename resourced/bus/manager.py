@@ -14,7 +14,11 @@ from .. import __version__
 from ..core.claims import Claim as ClaimRecord
 from ..core.inventory import pci_order
 from ..config import ConfigError
-from ..core.ledger import ClaimGranted, ClaimReleased, Event, MembersChanged, OwnerDied
+from ..core.claims import QUEUED, Demand
+from ..core.ledger import (
+    ClaimGranted, ClaimQueued, ClaimReleased, Event, MembersChanged, OwnerDied, ReclaimAsked,
+    ReclaimWithdrawn,
+)
 from ..core.verify import GpuReport
 from ..core import health as health_levels
 from ..engine import Engine
@@ -25,16 +29,24 @@ from .claim import ClaimInterface
 from .errors import bus_errors
 from .gpu import GpuInterface
 from .health import CheckInterface
+from .pool import PoolInterface
 from .interface import Interface
-from .names import MANAGER_IFACE, MANAGER_PATH, RELEASE_FORCE, check_path, claim_path, gpu_path
+from .names import (
+    MANAGER_IFACE, MANAGER_PATH, RELEASE_FORCE, check_path, claim_path, gpu_path, pool_path,
+)
 from .options import parse_options
 from .polkit import CLAIM, MANAGE, RELEASE_OTHER, Authority
 
 R = PropertyAccess.READ
 
-CLAIM_OPTIONS = {"Mode": "s", "OwnerPID": "u", "MemberPIDs": "au", "Label": "s", "TaskName": "s"}
+CLAIM_OPTIONS = {
+    "Mode": "s", "OwnerPID": "u", "MemberPIDs": "au", "Label": "s", "TaskName": "s",
+    "VRAMBytes": "t", "Pools": "a{st}", "Priority": "i", "Wait": "b",
+    "QueueTimeoutUSec": "t", "Reclaimable": "b",
+}
 RELEASE_FLAGS = RELEASE_FORCE
-FEATURES = ["claims", "dev-claims", "verify", "health"]
+FEATURES = ["claims", "dev-claims", "verify", "health", "pools", "queue", "reclaim"]
+
 
 
 class ManagerInterface(Interface):
@@ -44,6 +56,7 @@ class ManagerInterface(Interface):
         "GetClaim": ("claim",),
         "ListGPUs": ("gpus",),
         "ListClaims": ("claims",),
+        "ListPools": ("pools",),
         "Describe": ("json",),
         "Release": ("warnings",),
         "ReleaseGPU": ("claim_id",),
@@ -62,6 +75,7 @@ class ManagerInterface(Interface):
         self.health = health
         self.reload = reload
         self._checks: dict[str, CheckInterface] = {}
+        self._pools: dict[str, PoolInterface] = {}
         self.authority = Authority(bus, enabled=mode == "system")
         self.credentials = Credentials(bus)
         self._gpus: dict[str, GpuInterface] = {}
@@ -77,6 +91,9 @@ class ManagerInterface(Interface):
             iface = GpuInterface(gpu, self.engine)
             self._gpus[gpu.uuid] = iface
             self.bus.export(gpu_path(gpu.index), iface)
+        for pool in self.engine.ledger.pools.values():
+            self._pools[pool.name] = PoolInterface(pool, self.engine.ledger)
+            self.bus.export(pool_path(pool.name), self._pools[pool.name])
         for claim in self.engine.ledger.claims.values():
             self._export_claim(claim)
         self.engine.subscribe(self._publish)
@@ -92,14 +109,19 @@ class ManagerInterface(Interface):
         caller = await self.credentials.caller()
         await self.authority.check(current_call.get(), caller.uid, CLAIM, {
             "gpus": str(gpus), "mode": opts.get("Mode", "run"), "label": opts.get("Label", "")})
+        timeout = opts.get("QueueTimeoutUSec")
         claim, warnings = await self.engine.claim(
             caller,
-            gpus,
+            Demand.of(gpus, opts.get("VRAMBytes", 0), opts.get("Pools", {})),
             mode=opts.get("Mode", "run"),
             owner_pid=opts.get("OwnerPID"),
             member_pids=opts.get("MemberPIDs", ()),
             label=opts.get("Label", ""),
             task_name=opts.get("TaskName", ""),
+            priority=opts.get("Priority", 0),
+            wait=opts.get("Wait", False),
+            timeout=None if timeout is None else timeout / 1e6,
+            reclaimable=opts.get("Reclaimable", False),
         )
         return [claim.id, claim_path(claim.id), self._grant(claim, warnings)]
 
@@ -143,6 +165,13 @@ class ManagerInterface(Interface):
             [g.index, g.uuid, g.name, self.engine.gpu_state(g), gpu_path(g.index)]
             for g in self.engine.ledger.gpus.values()
         ]
+
+    @dbus_method()
+    @bus_errors
+    def ListPools(self) -> "a(sttso)":
+        ledger = self.engine.ledger
+        return [[p.name, p.capacity, ledger.pool_free(p.name), p.unit, pool_path(p.name)]
+                for p in ledger.pools.values()]
 
     @dbus_method()
     @bus_errors
@@ -204,6 +233,10 @@ class ManagerInterface(Interface):
         return len(self.engine.ledger.claims)
 
     @dbus_property(access=R)
+    def NQueued(self) -> "u":
+        return len(self.engine.ledger.queue())
+
+    @dbus_property(access=R)
     def HealthLevel(self) -> "s":
         return self.health.health
 
@@ -247,10 +280,18 @@ class ManagerInterface(Interface):
                     "pci_bus_id": g.pci_bus_id,
                     "state": self.engine.gpu_state(g),
                     "claim": holder.id if (holder := ledger.holder(g.uuid)) else "",
+                    "shared_by": [c.id for c in ledger.claims_on(g.uuid) if c.shared],
+                    "vram_used_bytes": ledger.vram_used(g.uuid),
                 }
                 for g in ledger.gpus.values()
             ],
             "claims": [self._claim_record(c) for c in ledger.claims.values()],
+            "queue": [c.id for c in ledger.queue()],
+            "pools": [
+                {"name": p.name, "unit": p.unit, "capacity": p.capacity,
+                 "free": ledger.pool_free(p.name)}
+                for p in ledger.pools.values()
+            ],
             "health": self.health.describe(),
         }
 
@@ -260,6 +301,13 @@ class ManagerInterface(Interface):
         return {
             "id": c.id,
             "mode": c.mode,
+            "state": c.state,
+            "priority": c.priority,
+            "reclaimable": c.reclaimable,
+            "reclaim_requested": bool(c.reclaim_for),
+            "vram_bytes": c.demand.vram,
+            "pools": dict(c.demand.pools),
+            "gpus_requested": c.demand.gpus,
             "user": c.user,
             "uid": c.uid,
             "owner_pid": c.owner.pid,
@@ -273,14 +321,18 @@ class ManagerInterface(Interface):
             "pci_indices": [self._pci_index[u] for u in c.gpus],
         }
 
-    def _grant(self, claim: ClaimRecord, warnings: list[str]) -> dict:
+    def _grant(self, claim: ClaimRecord, warnings: list[str] = ()) -> dict:
         gpus = self.engine.ledger.gpus
         return {
+            "State": Variant("s", claim.state),
             "Mode": Variant("s", claim.mode),
             "GPUUUIDs": Variant("as", list(claim.gpus)),
             "GPUIndices": Variant("au", [gpus[u].index for u in claim.gpus]),
             "PCIIndices": Variant("au", [self._pci_index[u] for u in claim.gpus]),
-            "Warnings": Variant("as", warnings),
+            "GPUMemoryBytes": Variant("at", [gpus[u].memory_bytes for u in claim.gpus]),
+            "VRAMBytes": Variant("t", claim.demand.vram),
+            "Pools": Variant("a{st}", dict(claim.demand.pools)),
+            "Warnings": Variant("as", list(warnings)),
         }
 
     def _export_checks(self) -> None:
@@ -310,32 +362,51 @@ class ManagerInterface(Interface):
         self.bus.export(claim_path(claim.id), iface)
 
     def _publish(self, events: list[Event]) -> None:
+        """Objects, signals and PropertiesChanged for a batch of engine events, each once."""
         touched_gpus: set[str] = set()
+        touched_pools: set[str] = set()
         for event in events:
             claim = event.claim
-            if isinstance(event, ClaimGranted):
-                self._export_claim(claim)
-                self.ClaimNew(claim.id, claim_path(claim.id))
-                touched_gpus.update(claim.gpus)
+            iface = self._claims.get(claim.id)
+            if isinstance(event, (ClaimQueued, ClaimGranted)):
+                if iface is None:
+                    self._export_claim(claim)
+                    self.ClaimNew(claim.id, claim_path(claim.id))
+                elif isinstance(event, ClaimGranted):  # a waiter served
+                    iface.emit_properties_changed({"State": claim.state,
+                                                   "GPUUUIDs": list(claim.gpus)})
+                    iface.Granted(self._grant(claim))
             elif isinstance(event, ClaimReleased):
-                iface = self._claims.pop(claim.id, None)
                 if iface is not None:
-                    self.bus.unexport(claim_path(claim.id), iface)
+                    if claim.state == QUEUED:  # it left the queue ungranted
+                        iface.Cancelled(event.reason)
+                    self.bus.unexport(claim_path(claim.id), self._claims.pop(claim.id))
                 self.ClaimRemoved(claim.id, claim_path(claim.id), event.reason)
-                touched_gpus.update(claim.gpus)
             elif isinstance(event, OwnerDied):
-                self._claims[claim.id].emit_properties_changed({"OwnerAlive": False})
+                iface.emit_properties_changed({"OwnerAlive": False})
             elif isinstance(event, MembersChanged):
-                self._claims[claim.id].emit_properties_changed(
-                    {"MemberPIDs": sorted(m.pid for m in claim.members)})
+                iface.emit_properties_changed({"MemberPIDs": sorted(m.pid for m in claim.members)})
+            elif isinstance(event, ReclaimAsked):
+                iface.emit_properties_changed({"ReclaimRequested": True})
+                iface.reclaim_requested(event.waiter.id, event.waiter.priority)
+            elif isinstance(event, ReclaimWithdrawn) and iface is not None:
+                iface.emit_properties_changed({"ReclaimRequested": False})
+                iface.ReclaimWithdrawn()
+            if isinstance(event, (ClaimGranted, ClaimReleased)):
+                touched_gpus.update(claim.gpus)
+                touched_pools.update(name for name, _ in claim.demand.pools)
         for uuid in touched_gpus:
             gpu = self._gpus[uuid]
-            gpu.emit_properties_changed({"State": gpu.State, "ClaimID": gpu.ClaimID})
-        if touched_gpus:
-            self.emit_properties_changed(
-                {"FreeGPUs": self.engine.free_count(), "NClaims": len(self.engine.ledger.claims)}
-            )
-
+            gpu.emit_properties_changed({"State": gpu.State, "ClaimID": gpu.ClaimID,
+                                         "VRAMUsedBytes": gpu.VRAMUsedBytes})
+        for name in touched_pools:
+            self._pools[name].emit_properties_changed({"Free": self._pools[name].Free})
+        if any(isinstance(e, (ClaimQueued, ClaimGranted, ClaimReleased)) for e in events):
+            self.emit_properties_changed({
+                "FreeGPUs": self.engine.free_count(),
+                "NClaims": len(self.engine.ledger.claims),
+                "NQueued": len(self.engine.ledger.queue()),
+            })
 
 def _report(r: GpuReport) -> dict:
     """One GPU's verify report as a{sv} (processes as aa{sv}: Pid, UsedMemoryBytes, UID,

@@ -29,3 +29,9 @@ def escape_element(name: str) -> str:
 
 def check_path(name: str) -> str:
     return f"{MANAGER_PATH}/check/{escape_element(name)}"
+
+POOL_IFACE = "org.resourced.Pool"
+
+
+def pool_path(name: str) -> str:
+    return f"{MANAGER_PATH}/pool/{escape_element(name)}"

@@ -10,7 +10,7 @@ import sys
 import click
 
 from .. import __version__
-from ._errors import EXIT_USAGE, GpuctlError, exit_code_for
+from ._errors import EXIT_INTERRUPTED, EXIT_USAGE, GpuctlError, exit_code_for
 
 COMMANDS = {
     "run": ("claims", "run", "Run a command on free GPUs (or on a claim), then release them."),
@@ -19,6 +19,7 @@ COMMANDS = {
     "env": ("claims", "env", "Print shell export lines for a claim."),
     "status": ("status", "status", "Show each GPU and who holds it."),
     "free": ("status", "free", "Print how many GPUs are free."),
+    "queue": ("status", "queue", "List the waiting claims in the order they will be served."),
     "verify": ("status", "verify", "Compare the claims with what really runs on each GPU."),
     "init": ("init", "init", "Write a config file listing this machine's GPUs."),
     "demo": ("demo", "demo", "Show resourced at work on simulated GPUs (a private bus)."),
@@ -55,7 +56,8 @@ def cli():
 
     Exit codes: 0 ok, 1 other error, 2 bad usage, 3 not enough GPUs, 4 GPUs busy with
     unknown processes, 5 daemon unreachable, 6 unknown or stale allocation, 7 not yours,
-    8 access denied, 9 still in use, 10 systemd not running (gpuctl service). `gpuctl run` returns the command's own code (128+n for signal n).
+    8 access denied, 9 still in use, 10 systemd not running (gpuctl service), 11 queue
+    timeout, 130 interrupted. `gpuctl run` returns the command's own code (128+n for signal n).
 
     Example: gpuctl run --gpus 1 -- python train.py
     """
@@ -67,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.Abort:
-        click.echo("gpuctl: aborted", err=True)
-        return 1
+        click.echo("gpuctl: interrupted", err=True)
+        return EXIT_INTERRUPTED
     except click.UsageError as exc:
         hint = f" (see: {exc.ctx.command_path} --help)" if exc.ctx else ""
         click.echo(f"gpuctl: {exc.format_message()}{hint}", err=True)

@@ -3,7 +3,8 @@
 from ..errors import (
     AccessDenied, DaemonUnreachable, GPUsBusy, InteractionRequired, Internal, InvalidRequest,
     NoSuchClaim,
-    NotClaimOwner, NotEnoughGPUs, NotProcessOwner, ResourcedError, StillInUse,
+    NoSuchPool, NotClaimOwner, NotEnoughCapacity, NotEnoughGPUs, NotProcessOwner, QueueTimeout,
+    ResourcedError, StillInUse,
 )
 
 EXIT_OK = 0
@@ -17,10 +18,15 @@ EXIT_NOT_YOURS = 7
 EXIT_ACCESS_DENIED = 8
 EXIT_STILL_IN_USE = 9
 EXIT_NO_SYSTEMD = 10  # gpuctl service: files written, but systemd is not running
+EXIT_QUEUE_TIMEOUT = 11
+EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 
 EXIT_CODES: dict[type[ResourcedError], int] = {
     InvalidRequest: EXIT_USAGE,
     NotEnoughGPUs: EXIT_NOT_ENOUGH_GPUS,
+    NotEnoughCapacity: EXIT_NOT_ENOUGH_GPUS,
+    NoSuchPool: EXIT_USAGE,
+    QueueTimeout: EXIT_QUEUE_TIMEOUT,
     GPUsBusy: EXIT_GPUS_BUSY,
     DaemonUnreachable: EXIT_UNREACHABLE,
     NoSuchClaim: EXIT_NO_SUCH_CLAIM,

@@ -28,3 +28,50 @@ def client(bus: str | None):
     from ..client import Client
 
     return Client(bus=bus, interactive=sys.stdin.isatty())
+
+
+class Amount(click.ParamType):
+    """``4G``, ``512M``, ``1.5T`` (binary units) or a plain count."""
+
+    name = "AMOUNT"
+
+    def convert(self, value, param, ctx):
+        from ..amounts import parse_amount
+
+        try:
+            return parse_amount(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class PoolAmount(click.ParamType):
+    """``NAME=AMOUNT`` for a named pool."""
+
+    name = "NAME=AMOUNT"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        name, sep, amount = value.partition("=")
+        if not sep or not name:
+            self.fail(f"expected NAME=AMOUNT, not {value!r}", param, ctx)
+        return name, Amount().convert(amount, param, ctx)
+
+
+class Duration(click.ParamType):
+    """Seconds: ``90``, ``30s``, ``5m``, ``1h``, ``2h30m``."""
+
+    name = "DURATION"
+    UNITS = {"h": 3600, "m": 60, "s": 1}
+
+    def convert(self, value, param, ctx):
+        import re
+
+        if isinstance(value, float):
+            return value
+        text = str(value).strip()
+        parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", text)
+        if not text or parts is None:
+            self.fail(f"expected a duration like 90, 30s, 5m or 1h, not {value!r}", param, ctx)
+        hours, minutes, seconds = (float(p) if p else 0.0 for p in parts.groups())
+        return hours * 3600 + minutes * 60 + seconds

@@ -7,12 +7,38 @@ import time
 
 import click
 
-from ._options import bus_option, client, emit_json, json_option
-
+from ._options import Amount, Duration, PoolAmount, bus_option, client, emit_json, json_option
 
 UINT32_MAX = 2**32 - 1  # what a D-Bus 'u' can carry
+INT32 = click.IntRange(-2**31, 2**31 - 1)
 
-gpus_option = click.option("--gpus", type=click.IntRange(1, UINT32_MAX), help="How many GPUs.")
+
+def demand_options(fn):
+    """What a claim asks for, and how it waits: shared by run and claim."""
+    options = [
+        click.option("--gpus", type=click.IntRange(1, UINT32_MAX),
+                     help="Whole GPUs (default 1 when nothing else is asked for)."),
+        click.option("--vram", type=Amount(), help="A share of one GPU's memory, e.g. 20G."),
+        click.option("--ram", type=Amount(), help="Host RAM from the ram pool, e.g. 32G."),
+        click.option("--cpu", type=Amount(), help="CPU cores from the cpu pool."),
+        click.option("--pool", "pools", type=PoolAmount(), multiple=True,
+                     help="An amount of a named pool, NAME=AMOUNT (repeatable)."),
+        click.option("--priority", type=INT32, default=0, show_default=True,
+                     help="Higher is served first when waiting (FIFO among equals)."),
+        click.option("--wait", is_flag=True, help="Queue until it fits instead of exit 3."),
+        click.option("--timeout", type=Duration(),
+                     help="With --wait: give up after this long (90, 30s, 5m, 1h); exit 11."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def demand(gpus, vram, ram, cpu, pools) -> dict:
+    """claim() keyword arguments; one whole GPU when nothing at all is asked for."""
+    if gpus is None and vram is None and ram is None and cpu is None and not pools:
+        gpus = 1
+    return dict(gpus=gpus or 0, vram=vram, ram=ram, cpu=cpu, pools=dict(pools))
 label_option = click.option("--label", default="", help="A short label shown in status.")
 task_option = click.option("--task-name", default="", help="What the GPUs are for.")
 index_option = click.option(
@@ -23,43 +49,93 @@ index_option = click.option(
 
 
 @click.command(context_settings={"allow_interspersed_args": False})
-@gpus_option
+@demand_options
 @click.option("--allocation", metavar="REF", help="Run on this development claim instead.")
+@click.option("--reclaimable", is_flag=True,
+              help="The daemon may ask the GPUs back for a higher-priority waiter: the command "
+              "then gets --reclaim-signal and should finish soon.")
+@click.option("--reclaim-signal", default="SIGUSR1", show_default=True, metavar="SIGNAL",
+              help="The signal that forwards a reclaim request to the command.")
 @index_option
 @label_option
 @task_option
 @bus_option
 @click.argument("command", nargs=-1, required=True, metavar="-- COMMAND [ARGS]...")
-def run(gpus, allocation, use_index, label, task_name, bus, command):
-    """Run COMMAND on GPUs and return its exit code.
+def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, allocation, reclaimable,
+        reclaim_signal, use_index, label, task_name, bus, command):
+    """Run COMMAND on GPUs and/or pool amounts and return its exit code.
 
-    With --gpus N (default 1) it takes N free GPUs, all or nothing (exit 3 if too few are
-    free), and they are released when the command's process is gone, however it ends.
-    With --allocation it runs on a development claim, which stays.
+    It takes what is asked (--gpus N, default 1; --vram on a shared GPU; --ram, --cpu,
+    --pool), all or nothing: exit 3 if it does not fit now, or with --wait it queues by
+    --priority. Everything is released when the command's processes are gone, however
+    they end. With --allocation it runs on a development claim, which stays.
 
-    Example: gpuctl run --gpus 2 -- python train.py
+    Example: gpuctl run --vram 20G --ram 32G --cpu 8 --wait -- python infer.py
     """
     from .launch import PendingChild
 
-    if allocation and gpus is not None:
-        raise click.UsageError("use either --gpus or --allocation, not both")
+    asked = demand(gpus, vram, ram, cpu, pools)
+    if allocation and (gpus is not None or vram or ram or cpu or pools):
+        raise click.UsageError("use either --allocation or amounts to claim, not both")
+    signum = _signal_number(reclaim_signal)
     with client(bus) as c:
         child = PendingChild(list(command))
         try:
             if allocation:
                 granted = c.allocation(allocation, use_index)
             else:
-                granted = c.claim(mode="run", gpus=gpus or 1, owner_pid=child.pid, label=label,
+                granted = c.claim(mode="run", owner_pid=child.pid, label=label,
                                   task_name=task_name, use_index=use_index,
-                                  member_pids=[os.getpid()])
+                                  member_pids=[os.getpid()], priority=priority, wait=wait,
+                                  timeout=timeout, reclaimable=reclaimable, **asked)
         except BaseException:
             child.cancel()
             raise
         _warn(granted.get("warnings", []))
+        if reclaimable and not allocation:
+            _forward_reclaim_requests(c.bus, granted["allocation"]["ref"], child.pid, signum)
         code = child.start({**os.environ, **granted["env"]})
         if not allocation:
             _release_after_run(c, granted["allocation"]["ref"])
     return code
+
+
+def _signal_number(name: str) -> int:
+    import signal
+
+    try:
+        return int(getattr(signal.Signals, name.upper() if name.upper().startswith("SIG")
+                           else "SIG" + name.upper()))
+    except AttributeError:
+        raise click.BadParameter(f"no signal {name!r}", param_hint="--reclaim-signal") from None
+
+
+def _forward_reclaim_requests(bus: str, ref: str, pid: int, signum: int) -> None:
+    """Send ``signum`` to the command whenever the daemon asks the claim back (a thread with
+    its own connection: the main thread waits for the command meanwhile)."""
+    import threading
+
+    from jeepney import MatchRule
+    from jeepney.bus_messages import message_bus
+    from jeepney.io.blocking import open_dbus_connection
+
+    from ..bus.names import BUS_NAME, CLAIM_IFACE, claim_path
+
+    fields = dict(type="signal", interface=CLAIM_IFACE, member="ReclaimRequested",
+                  path=claim_path(ref))
+    conn = open_dbus_connection(bus.upper())
+    conn.send_and_get_reply(message_bus.AddMatch(MatchRule(sender=BUS_NAME, **fields)))
+
+    def forward():
+        with conn.filter(MatchRule(**fields), bufsize=16) as requests:
+            while True:
+                try:
+                    conn.recv_until_filtered(requests)
+                    os.kill(pid, signum)
+                except (OSError, ProcessLookupError):
+                    return
+
+    threading.Thread(target=forward, name="reclaim-forwarder", daemon=True).start()
 
 
 def _warn(warnings: list[str]) -> None:
@@ -97,22 +173,26 @@ def _release_after_run(c, ref: str) -> None:
 
 
 @click.command()
-@gpus_option
+@demand_options
 @click.option("--owner-pid", type=click.IntRange(1, UINT32_MAX), required=True,
               help="The long-lived process the claim belongs to (for an agent: its own pid).")
+@click.option("--reclaimable", is_flag=True,
+              help="The daemon may ask it back for a higher-priority waiter (see status).")
 @label_option
 @task_option
 @index_option
 @bus_option
 @json_option
-def claim(gpus, owner_pid, label, task_name, use_index, bus, as_json):
-    """Claim GPUs until released, and print the reference.
+def claim(gpus, vram, ram, cpu, pools, priority, wait, timeout, owner_pid, reclaimable,
+          label, task_name, use_index, bus, as_json):
+    """Claim GPUs and/or pool amounts until released, and print the reference.
 
-    Example: gpuctl claim --gpus 1 --owner-pid $PPID --task-name "tune kernels"
+    Example: gpuctl claim --gpus 1 --ram 64G --owner-pid $PPID --task-name "tune kernels"
     """
     with client(bus) as c:
-        result = c.claim(mode="dev", gpus=gpus or 1, owner_pid=owner_pid, label=label,
-                         task_name=task_name, use_index=use_index)
+        result = c.claim(mode="dev", owner_pid=owner_pid, label=label, task_name=task_name,
+                         use_index=use_index, priority=priority, wait=wait, timeout=timeout,
+                         reclaimable=reclaimable, **demand(gpus, vram, ram, cpu, pools))
     _warn(result["warnings"])
     if as_json:
         emit_json(result)

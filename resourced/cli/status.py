@@ -27,13 +27,64 @@ def render_status(data: dict, now: float) -> str:
         owner = f"{c['owner_pid']} ({'alive' if c['owner_alive'] else 'DEAD'})"
         rows.append((g["alias"], g["name"], g["state"], c["id"], c["mode"], c["user"],
                      _age(c["created_usec"], now), owner, c["task_name"], c["label"]))
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    for g in data["gpus"]:
+        for ref in g["shared_by"]:
+            c = claims[ref]
+            owner = f"{c['owner_pid']} ({'alive' if c['owner_alive'] else 'DEAD'})"
+            rows.append((g["alias"], f"VRAM {_bytes(c['vram_bytes'])}", "shared", c["id"], c["mode"],
+                         c["user"], _age(c["created_usec"], now), owner, c["task_name"],
+                         c["label"]))
+    lines = _table(rows)
     total = len(data["gpus"])
     lines.append(f"{data['free']} of {total} GPU(s) free ({data['backend']} backend)")
     if data.get("backend_note"):
         lines.append(f"note: {data['backend_note']}")
+    units = {p["name"]: p["unit"] for p in data["pools"]}
+    pool_rows = [("POOL", "CAPACITY", "USED", "FREE", "HELD BY")]
+    for p in data["pools"]:
+        holders = [f"{c['id']} ({c['user']}: {_show(c['pools'][p['name']], p['unit'])})"
+                   for c in data["claims"] if c["state"] == "granted" and p["name"] in c["pools"]]
+        pool_rows.append((p["name"], _show(p["capacity"], p["unit"]),
+                          _show(p["capacity"] - p["free"], p["unit"]), _show(p["free"], p["unit"]),
+                          ", ".join(holders) or "-"))
+    lines += ["", *_table(pool_rows)]
+    if data["queue"]:
+        lines += ["", *render_queue(data, now, units)]
     return "\n".join(lines)
+
+
+def _table(rows) -> list[str]:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def _bytes(n: int) -> str:
+    from ..amounts import format_bytes
+
+    return format_bytes(n)
+
+
+def _show(amount: int, unit: str) -> str:
+    return _bytes(amount) if unit == "bytes" else str(amount)
+
+
+def wanted(c: dict, units: dict[str, str]) -> str:
+    """What a claim asks for, in words: ``2 GPU(s), ram 32G``."""
+    parts = [f"{c['gpus_requested']} GPU(s)"] if c["gpus_requested"] else []
+    if c["vram_bytes"]:
+        parts.append(f"VRAM {_bytes(c['vram_bytes'])}")
+    parts += [f"{name} {_show(amount, units.get(name, 'count'))}" for name, amount in c["pools"].items()]
+    return ", ".join(parts)
+
+
+def render_queue(data: dict, now: float, units: dict[str, str]) -> list[str]:
+    claims = {c["id"]: c for c in data["claims"]}
+    rows = [("#", "CLAIM", "PRIORITY", "USER", "WAITING", "WANTS", "TASK", "LABEL")]
+    for rank, ref in enumerate(data["queue"], 1):
+        c = claims[ref]
+        rows.append((rank, ref, c["priority"], c["user"], _age(c["created_usec"], now),
+                     wanted(c, units), c["task_name"], c["label"]))
+    return _table(rows)
 
 
 @click.command()
@@ -50,6 +101,30 @@ def status(bus, as_json):
         emit_json(data)
     else:
         click.echo(render_status(data, time.time()))
+
+
+@click.command()
+@bus_option
+@json_option
+def queue(bus, as_json):
+    """List the waiting claims in the order they will be served, with what each wants.
+
+    Higher priority first, first come first served among equals; a later claim starts
+    earlier only with what no claim ahead of it can use.
+
+    Example: gpuctl queue --json
+    """
+    with client(bus) as c:
+        data = c.status()
+    claims = {c["id"]: c for c in data["claims"]}
+    waiting = [claims[ref] for ref in data["queue"]]
+    if as_json:
+        emit_json(waiting)
+    elif not waiting:
+        click.echo("nobody is waiting")
+    else:
+        units = {p["name"]: p["unit"] for p in data["pools"]}
+        click.echo("\n".join(render_queue(data, time.time(), units)))
 
 
 @click.command()

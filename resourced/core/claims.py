@@ -1,11 +1,14 @@
-"""Claims: who holds which GPUs, and the request that asks for them."""
+"""Claims: what a caller asks for (a demand), and what it holds or waits for."""
 
 from dataclasses import dataclass, field
 
 from ..errors import InvalidRequest
 
 MODES = ("run", "dev")
-"""run: a one-off command, released when its processes are gone; dev: kept until released."""
+"""run: bound to its processes, released when they are gone; dev: kept until released."""
+
+QUEUED = "queued"
+GRANTED = "granted"
 
 
 @dataclass(frozen=True)
@@ -17,10 +20,35 @@ class ProcessRef:
 
 
 @dataclass(frozen=True)
+class Demand:
+    """Amounts asked for together, all or nothing.
+
+    ``gpus`` whole GPUs (exclusive); ``vram`` bytes on one GPU shared with other such
+    jobs; ``pools`` amounts of host or named pools, as sorted (name, amount) pairs.
+    """
+
+    gpus: int = 0
+    vram: int = 0
+    pools: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self):
+        if self.gpus < 0 or self.vram < 0 or any(a <= 0 for _, a in self.pools):
+            raise InvalidRequest("amounts must be positive")
+        if not (self.gpus or self.vram or self.pools):
+            raise InvalidRequest("nothing requested: ask for GPUs, VRAM or a pool amount")
+        if self.gpus and self.vram:
+            raise InvalidRequest("ask for whole GPUs or for VRAM on a shared GPU, not both")
+
+    @classmethod
+    def of(cls, gpus: int = 0, vram: int = 0, pools: dict[str, int] | None = None) -> "Demand":
+        return cls(gpus, vram, tuple(sorted((pools or {}).items())))
+
+
+@dataclass(frozen=True)
 class ClaimRequest:
     """What a caller asks for. Validated on construction, so the ledger sees only sane input."""
 
-    gpus: int
+    demand: Demand
     mode: str
     owner: ProcessRef
     uid: int
@@ -28,34 +56,48 @@ class ClaimRequest:
     label: str = ""
     task_name: str = ""
     members: frozenset[ProcessRef] = frozenset()
+    priority: int = 0
+    reclaimable: bool = False
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise InvalidRequest(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
-        if self.gpus < 1:
-            raise InvalidRequest(f"at least 1 GPU must be requested, not {self.gpus}")
 
 
 @dataclass
 class Claim:
-    """A granted claim. Only the liveness fields and ``members`` change once granted.
+    """A claim, queued or granted. Once granted, only the liveness fields, ``members`` and
+    the reclaim request change.
 
+    ``gpus`` are the GPUs it uses: whole ones, or the one GPU its ``vram`` share is on.
     ``members`` are the owner's descendants seen while they lived; they stay the claim's
-    even after being re-parented to init, until they exit.
+    even after being re-parented to init, until they exit.  ``reclaim_for`` names the
+    waiter a reclaimable claim has been asked to make room for ("" when not asked).
     """
 
     id: str
     mode: str
-    gpus: tuple[str, ...]  # UUIDs
+    demand: Demand
     owner: ProcessRef
     uid: int
     user: str
     label: str
     task_name: str
     created_usec: int
-    owner_alive: bool = field(default=True)
+    priority: int = 0
+    reclaimable: bool = False
+    state: str = GRANTED
+    seq: int = 0  # arrival order, for FIFO among equal priorities
+    gpus: tuple[str, ...] = ()  # UUIDs, once granted
+    owner_alive: bool = True
     owner_died_usec: int = 0  # when the owner's exit was noticed; 0 while it lives
     members: frozenset[ProcessRef] = field(default_factory=frozenset)
+    reclaim_for: str = ""
+    queue_deadline_usec: int = 0  # a queued claim leaves the queue then; 0 = never
+
+    @property
+    def shared(self) -> bool:
+        return self.demand.vram > 0
 
     def processes(self) -> frozenset[ProcessRef]:
         """The processes known to be the claim's: the owner (while alive) and the members."""

@@ -1,22 +1,48 @@
-"""The ledger: every live claim, and the only place that grants and releases.
+"""The ledger: every claim, queued or granted, and the only place that grants and releases.
 
-Theory of operation: the ledger is a plain in-memory structure that the daemon consults
-synchronously between two awaits, so a decision (read state, pick GPUs, record the claim)
-is atomic by construction and no two callers can win the same GPU.  Evidence about the
-GPUs (which ones run processes nobody claimed) is gathered *before* the decision and
-handed in as a snapshot; the ledger never waits for anything.
+Theory of operation.  The ledger is a plain in-memory structure that the daemon consults
+synchronously between two awaits, so a decision (read state, place the demand, record
+the claim) is atomic by construction and no two callers can win the same GPU.  Evidence
+about the GPUs (free ones running processes nobody claimed: ``busy``) is gathered
+*before* a decision and handed in; the ledger never waits for anything.
 
-Every mutation returns the events it caused; the caller persists them, then publishes
-them.  ``check_invariants`` states the property the tests hammer: an exclusive GPU has
-at most one holder and every held GPU exists.
+What is held: whole GPUs (exclusive: one holder, no shares), VRAM shares (several claims
+on one GPU, their bytes within its memory, never also held whole), and pool amounts
+(within each pool's capacity).  ``check_invariants`` states exactly this.
+
+The queue.  Claims that wait are served strictly by priority (higher first), then
+arrival (FIFO).  ``_schedule`` walks the queue in that order over a *view* of what is
+free: a claim that fits is granted and its amounts leave the view; a claim that does not
+fit *reserves* what it could use (up to its demand) before the walk goes on.  So a later
+claim can start ahead of an earlier one only with what no earlier claim could use: it
+cannot delay it, and a stream of small claims cannot starve a large one.  A request that
+does not wait is placed in the queue at its rank for one walk: it never takes what a
+waiter ahead of it could use.  Every release walks the queue at once.
+
+Reclaim.  When a waiter cannot be served, the walk looks for reclaimable claims of
+strictly lower priority (lowest first, newest first among equals) whose amounts would
+let it fit, takes as few as suffice, and asks exactly those back (``ReclaimAsked``).
+What they free is reserved for that waiter by the same walk; if the waiter is served
+otherwise or goes away, the requests are withdrawn.
+
+Every mutation returns the events it caused; the caller persists, then publishes them.
 """
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ..errors import GPUsBusy, InvalidRequest, NoSuchClaim, NotEnoughGPUs
-from .claims import Claim, ClaimRequest, ProcessRef
+from ..errors import (
+    GPUsBusy, InvalidRequest, NoSuchClaim, NoSuchPool, NotEnoughCapacity, NotEnoughGPUs,
+    ResourcedError,
+)
+from .claims import GRANTED, QUEUED, Claim, ClaimRequest, Demand, ProcessRef
 from .inventory import Gpu
+from .pools import Pool, format_amount
+
+
+@dataclass(frozen=True)
+class ClaimQueued:
+    claim: Claim
 
 
 @dataclass(frozen=True)
@@ -27,7 +53,7 @@ class ClaimGranted:
 @dataclass(frozen=True)
 class ClaimReleased:
     claim: Claim
-    reason: str  # released | owner-exited | forced
+    reason: str  # released | forced | owner-exited | dead-owner | cancelled | timeout
 
 
 @dataclass(frozen=True)
@@ -40,24 +66,134 @@ class MembersChanged:
     claim: Claim
 
 
-Event = ClaimGranted | ClaimReleased | OwnerDied | MembersChanged
+@dataclass(frozen=True)
+class ReclaimAsked:
+    claim: Claim
+    waiter: Claim
+
+
+@dataclass(frozen=True)
+class ReclaimWithdrawn:
+    claim: Claim
+
+
+Event = (ClaimQueued | ClaimGranted | ClaimReleased | OwnerDied | MembersChanged
+         | ReclaimAsked | ReclaimWithdrawn)
+
+
+@dataclass
+class _View:
+    """What is free for the rest of a queue walk."""
+
+    free: list[str]              # whole GPUs nobody holds or shares, not busy, by index
+    vram: dict[str, int]         # GPUs a share may go on -> free bytes
+    pools: dict[str, int]        # pool -> free amount
+    busy_free: int = 0           # free GPUs left out because they are busy
+    notes: list[str] = field(default_factory=list)
+
+    def copy(self) -> "_View":
+        return _View(list(self.free), dict(self.vram), dict(self.pools), self.busy_free)
+
+    def place(self, d: Demand) -> tuple[tuple[str, ...], str] | None:
+        """(whole GPUs, the GPU for the share or "") if ``d`` fits, else None."""
+        if len(self.free) < d.gpus:
+            return None
+        if any(self.pools.get(name, 0) < amount for name, amount in d.pools):
+            return None
+        share = ""
+        if d.vram:
+            fitting = [(free, uuid) for uuid, free in self.vram.items() if free >= d.vram]
+            if not fitting:
+                return None
+            share = min(fitting)[1]  # the tightest fit keeps whole GPUs whole
+        return tuple(self.free[: d.gpus]), share
+
+    def take(self, d: Demand, whole: tuple[str, ...], share: str) -> None:
+        for uuid in whole:
+            self.free.remove(uuid)
+            self.vram.pop(uuid, None)
+        if share:
+            self.vram[share] -= d.vram
+            if share in self.free:
+                self.free.remove(share)
+        for name, amount in d.pools:
+            self.pools[name] -= amount
+
+    def reserve(self, d: Demand) -> None:
+        """Keep what a waiter that does not fit could use away from the claims after it."""
+        for uuid in self.free[: d.gpus]:
+            self.vram.pop(uuid, None)
+        del self.free[: d.gpus]
+        if d.vram and self.vram:
+            best = max(self.vram, key=self.vram.get)
+            del self.vram[best]
+            if best in self.free:
+                self.free.remove(best)
+        for name, amount in d.pools:
+            self.pools[name] -= min(amount, self.pools.get(name, 0))
+
+    def give_back(self, c: Claim, memory: dict[str, int]) -> None:
+        """As if ``c`` had released (for planning a reclaim)."""
+        if c.shared:
+            self.vram[c.gpus[0]] = self.vram.get(c.gpus[0], 0) + c.demand.vram
+        else:
+            for uuid in c.gpus:
+                self.free.append(uuid)
+                self.vram[uuid] = memory[uuid]
+            self.free.sort()
+        for name, amount in c.demand.pools:
+            self.pools[name] += amount
 
 
 class Ledger:
-    """Live claims over a fixed inventory of GPUs."""
+    """Claims over a fixed inventory of GPUs and pools."""
 
-    def __init__(self, gpus: Iterable[Gpu]):
+    def __init__(self, gpus: Iterable[Gpu], pools: Iterable[Pool] = ()):
         self.gpus: dict[str, Gpu] = {g.uuid: g for g in sorted(gpus, key=lambda g: g.index)}
+        self.pools: dict[str, Pool] = {p.name: p for p in pools}
         self.claims: dict[str, Claim] = {}
-        self._holder: dict[str, str] = {}  # GPU uuid -> claim id
+        self._holder: dict[str, str] = {}              # GPU uuid -> claim holding it whole
+        self._shares: dict[str, dict[str, int]] = {}   # GPU uuid -> claim id -> VRAM bytes
+        self._used: dict[str, int] = {name: 0 for name in self.pools}
+        self._no_wait: set[str] = set()                # queued for one walk only
+        self._seq = 0
 
     # -- queries ---------------------------------------------------------------------
     def holder(self, uuid: str) -> Claim | None:
+        """The claim holding a GPU whole."""
         claim_id = self._holder.get(uuid)
         return self.claims[claim_id] if claim_id else None
 
+    def claims_on(self, uuid: str) -> list[Claim]:
+        """Every granted claim using a GPU: its holder, or the claims sharing it."""
+        if uuid in self._holder:
+            return [self.claims[self._holder[uuid]]]
+        return [self.claims[c] for c in self._shares.get(uuid, {})]
+
     def free_gpus(self) -> list[Gpu]:
-        return [g for uuid, g in self.gpus.items() if uuid not in self._holder]
+        """GPUs nobody holds or shares."""
+        return [g for u, g in self.gpus.items() if u not in self._holder and not self._shares.get(u)]
+
+    def vram_used(self, uuid: str) -> int:
+        return sum(self._shares.get(uuid, {}).values())
+
+    def pool_free(self, name: str) -> int:
+        return self.pools[name].capacity - self._used[name]
+
+    def queue(self) -> list[Claim]:
+        """Waiting claims in the order they will be served."""
+        return sorted((c for c in self.claims.values() if c.state == QUEUED),
+                      key=lambda c: (-c.priority, c.seq))
+
+    def describe(self, d: Demand) -> str:
+        """``2 GPU(s), ram 32G, cpu 8`` for logs and messages."""
+        parts = [f"{d.gpus} GPU(s)"] if d.gpus else []
+        if d.vram:
+            parts.append(f"VRAM {format_amount(d.vram, 'bytes')}")
+        for name, amount in d.pools:
+            unit = self.pools[name].unit if name in self.pools else "count"
+            parts.append(f"{name} {format_amount(amount, unit)}")
+        return ", ".join(parts)
 
     def get(self, claim_id: str) -> Claim:
         try:
@@ -73,77 +209,59 @@ class Ledger:
         raise InvalidRequest(f"no GPU called {name!r}")
 
     # -- decisions -------------------------------------------------------------------
-    def grant(
-        self,
-        request: ClaimRequest,
-        claim_id: str,
-        now_usec: int,
-        busy: frozenset[str] = frozenset(),
-    ) -> list[Event]:
-        """Grant ``request.gpus`` free GPUs, all or nothing, skipping ``busy`` ones.
+    def submit(self, request: ClaimRequest, claim_id: str, now_usec: int,
+               busy: frozenset[str] = frozenset(), wait: bool = False
+               ) -> tuple[list[Event], ResourcedError | None]:
+        """Grant ``request`` now, or queue it (``wait``), or refuse it.
 
-        ``busy`` holds the UUIDs on which evidence shows processes nobody claimed.
+        Returns the events (the walk may also serve others) and, for a request that does
+        not wait and was not granted, the error saying what is short.  A request that could
+        never be granted (an unknown pool, more than a capacity) raises at once, waiting
+        or not, and changes nothing.
         """
         if claim_id in self.claims:
             raise InvalidRequest(f"claim id {claim_id!r} is taken")
-        free = self.free_gpus()
-        usable = [g for g in free if g.uuid not in busy]
-        if len(usable) < request.gpus:
-            if len(free) >= request.gpus:
-                raise GPUsBusy(
-                    f"{request.gpus} GPU(s) requested, {len(free)} unclaimed but "
-                    f"{len(free) - len(usable)} of them run processes nobody claimed"
-                )
-            raise NotEnoughGPUs(f"{request.gpus} GPU(s) requested, {len(free)} free")
-        chosen = tuple(g.uuid for g in usable[: request.gpus])
+        self._check_satisfiable(request.demand)
+        self._seq += 1
         claim = Claim(
-            id=claim_id,
-            mode=request.mode,
-            gpus=chosen,
-            owner=request.owner,
-            uid=request.uid,
-            user=request.user,
-            label=request.label,
-            task_name=request.task_name,
-            created_usec=now_usec,
+            id=claim_id, mode=request.mode, demand=request.demand, owner=request.owner,
+            uid=request.uid, user=request.user, label=request.label,
+            task_name=request.task_name, created_usec=now_usec, priority=request.priority,
+            reclaimable=request.reclaimable, state=QUEUED, seq=self._seq,
             members=request.members - {request.owner},
         )
         self.claims[claim_id] = claim
-        for uuid in chosen:
-            self._holder[uuid] = claim_id
-        return [ClaimGranted(claim)]
-
-    def restore(self, claims: Iterable[Claim]) -> list[tuple[Claim, str]]:
-        """Take back claims from before a restart; returns those refused, with the reason."""
-        refused = []
-        for claim in claims:
-            missing = [u for u in claim.gpus if u not in self.gpus]
-            taken = [u for u in claim.gpus if u in self._holder]
-            if missing or taken or claim.id in self.claims:
-                why = f"GPU {missing[0]} is gone" if missing else (
-                    f"GPU {taken[0]} is held twice" if taken else "duplicate id")
-                refused.append((claim, why))
-                continue
-            self.claims[claim.id] = claim
-            for uuid in claim.gpus:
-                self._holder[uuid] = claim.id
-        return refused
-
-    def release(self, claim_id: str, reason: str = "released") -> list[Event]:
-        claim = self.get(claim_id)
+        if not wait:
+            self._no_wait.add(claim_id)
+        events = self._schedule(busy)
+        if claim.state == GRANTED:
+            return events, None
+        if wait:
+            return [ClaimQueued(claim), *events], None
+        refusal = self._refusal(claim, busy)
         del self.claims[claim_id]
-        for uuid in claim.gpus:
-            del self._holder[uuid]
-        return [ClaimReleased(claim, reason)]
+        self._no_wait.discard(claim_id)
+        return events, refusal
 
-    def owner_died(self, claim_id: str, now_usec: int = 0) -> list[Event]:
-        """The owner process is gone. A run claim ends once its members are gone too;
-        a dev claim stays, marked dead (``release_dead_owner`` may end it later)."""
+    def release(self, claim_id: str, reason: str = "released",
+                busy: frozenset[str] = frozenset()) -> list[Event]:
+        """End a claim (a queued one is cancelled) and serve the queue with what it frees."""
+        claim = self.get(claim_id)
+        self._free(claim)
+        del self.claims[claim_id]
+        events: list[Event] = [ClaimReleased(claim, reason)]
+        events += self._withdraw_asks_for(claim.id)
+        return events + self._schedule(busy)
+
+    def owner_died(self, claim_id: str, now_usec: int = 0,
+                   busy: frozenset[str] = frozenset()) -> list[Event]:
+        """The owner is gone.  A queued claim is cancelled; a run claim ends once its
+        members are gone too; a dev claim stays, marked dead."""
         claim = self.claims.get(claim_id)
         if claim is None or not claim.owner_alive:
             return []
-        if claim.mode == "run" and not claim.members:
-            return self.release(claim_id, "owner-exited")
+        if claim.state == QUEUED or (claim.mode == "run" and not claim.members):
+            return self.release(claim_id, "owner-exited", busy)
         claim.owner_alive = False
         claim.owner_died_usec = now_usec
         return [OwnerDied(claim)]
@@ -159,14 +277,15 @@ class Ledger:
         claim.members = claim.members | new
         return [MembersChanged(claim)]
 
-    def member_exited(self, claim_id: str, ref: ProcessRef) -> list[Event]:
+    def member_exited(self, claim_id: str, ref: ProcessRef,
+                      busy: frozenset[str] = frozenset()) -> list[Event]:
         """A member is gone; a run claim whose owner and members are all gone ends."""
         claim = self.claims.get(claim_id)
         if claim is None or ref not in claim.members:
             return []
         claim.members = claim.members - {ref}
         if claim.mode == "run" and not claim.owner_alive and not claim.members:
-            return self.release(claim_id, "owner-exited")
+            return self.release(claim_id, "owner-exited", busy)
         return [MembersChanged(claim)]
 
     def dead_owner_claims(self, now_usec: int, grace_usec: int) -> list[Claim]:
@@ -175,16 +294,213 @@ class Ledger:
             return []
         return [
             c for c in self.claims.values()
-            if c.mode == "dev" and not c.owner_alive and now_usec - c.owner_died_usec >= grace_usec
+            if c.mode == "dev" and c.state == GRANTED and not c.owner_alive
+            and now_usec - c.owner_died_usec >= grace_usec
         ]
+
+    def schedule(self, busy: frozenset[str] = frozenset()) -> list[Event]:
+        """Serve the queue with what is free now (after the evidence changed, say)."""
+        return self._schedule(busy)
+
+    def restore(self, claims: Iterable[Claim]) -> list[tuple[Claim, str]]:
+        """Take back claims from before a restart; returns those refused, with the reason."""
+        refused = []
+        for claim in sorted(claims, key=lambda c: c.seq):
+            why = self._restore_problem(claim)
+            if why:
+                refused.append((claim, why))
+                continue
+            self.claims[claim.id] = claim
+            if claim.state == GRANTED:
+                self._hold(claim, claim.gpus if not claim.shared else (), claim.gpus[0] if claim.shared else "")
+            self._seq = max(self._seq, claim.seq)
+        return refused
+
+    # -- the walk --------------------------------------------------------------------
+    def _view(self, busy: frozenset[str]) -> _View:
+        free = [g.uuid for g in self.free_gpus()]
+        usable = [u for u in free if u not in busy]
+        vram = {u: self.gpus[u].memory_bytes - self.vram_used(u)
+                for u in self.gpus if u not in self._holder and (u in usable or self._shares.get(u))}
+        pools = {name: self.pool_free(name) for name in self.pools}
+        return _View(usable, vram, pools, busy_free=len(free) - len(usable))
+
+    def _schedule(self, busy: frozenset[str]) -> list[Event]:
+        view = self._view(busy)
+        events: list[Event] = []
+        for claim in self.queue():
+            placed = view.place(claim.demand)
+            if placed is not None:
+                view.take(claim.demand, *placed)
+                self._hold(claim, *placed)
+                claim.state = GRANTED
+                self._no_wait.discard(claim.id)
+                events.append(ClaimGranted(claim))
+                events += self._withdraw_asks_for(claim.id)
+                continue
+            if claim.id not in self._no_wait:
+                events += self._ask_back_for(claim, view)
+            view.reserve(claim.demand)
+        return events
+
+    def _ask_back_for(self, waiter: Claim, view: _View) -> list[Event]:
+        """Ask back as few reclaimable lower-priority claims as let ``waiter`` fit."""
+        memory = {u: g.memory_bytes for u, g in self.gpus.items()}
+        candidates = sorted(
+            (c for c in self.claims.values()
+             if c.state == GRANTED and c.reclaimable and c.priority < waiter.priority
+             and c.reclaim_for in ("", waiter.id)),
+            key=lambda c: (c.priority, -c.seq),
+        )
+        chosen: list[Claim] = []
+        trial = view.copy()
+        for c in candidates:
+            if trial.place(waiter.demand) is not None:
+                break
+            trial.give_back(c, memory)
+            chosen.append(c)
+        if trial.place(waiter.demand) is None:
+            chosen = []  # asking back cannot make it fit: ask nobody
+        for c in reversed(list(chosen)):  # keep only those that are needed
+            without = view.copy()
+            for other in chosen:
+                if other is not c:
+                    without.give_back(other, memory)
+            if without.place(waiter.demand) is not None:
+                chosen.remove(c)
+        events: list[Event] = []
+        for c in chosen:
+            if c.reclaim_for != waiter.id:
+                c.reclaim_for = waiter.id
+                events.append(ReclaimAsked(c, waiter))
+        for c in self.claims.values():
+            if c.reclaim_for == waiter.id and c not in chosen:
+                c.reclaim_for = ""
+                events.append(ReclaimWithdrawn(c))
+        return events
+
+    def _withdraw_asks_for(self, waiter_id: str) -> list[Event]:
+        events: list[Event] = []
+        for c in self.claims.values():
+            if c.reclaim_for == waiter_id:
+                c.reclaim_for = ""
+                events.append(ReclaimWithdrawn(c))
+        return events
+
+    # -- holding ---------------------------------------------------------------------
+    def _hold(self, claim: Claim, whole: tuple[str, ...], share: str) -> None:
+        for uuid in whole:
+            self._holder[uuid] = claim.id
+        if share:
+            self._shares.setdefault(share, {})[claim.id] = claim.demand.vram
+        claim.gpus = whole or ((share,) if share else ())
+        for name, amount in claim.demand.pools:
+            self._used[name] += amount
+
+    def _free(self, claim: Claim) -> None:
+        if claim.state != GRANTED:
+            return
+        if claim.shared:
+            shares = self._shares[claim.gpus[0]]
+            del shares[claim.id]
+            if not shares:
+                del self._shares[claim.gpus[0]]
+        else:
+            for uuid in claim.gpus:
+                del self._holder[uuid]
+        for name, amount in claim.demand.pools:
+            self._used[name] -= amount
+
+    # -- refusals --------------------------------------------------------------------
+    def _check_satisfiable(self, d: Demand) -> None:
+        if d.gpus > len(self.gpus):
+            raise NotEnoughGPUs(f"{d.gpus} GPU(s) requested, the machine has {len(self.gpus)}")
+        for name, amount in d.pools:
+            pool = self.pools.get(name)
+            if pool is None:
+                raise NoSuchPool(f"no pool {name!r}; pools: {', '.join(sorted(self.pools)) or 'none'}")
+            if amount > pool.capacity:
+                raise NotEnoughCapacity(
+                    f"{format_amount(amount, pool.unit)} of {name} requested, "
+                    f"the pool holds {format_amount(pool.capacity, pool.unit)}")
+        biggest = max((g.memory_bytes for g in self.gpus.values()), default=0)
+        if d.vram > biggest:
+            raise NotEnoughCapacity(f"{format_amount(d.vram, 'bytes')} of VRAM requested, "
+                                    f"the largest GPU has {format_amount(biggest, 'bytes')}")
+
+    def _refusal(self, claim: Claim, busy: frozenset[str]) -> ResourcedError:
+        """The error for a request that could not be granted now, saying what is short."""
+        queue = self.queue()
+        ahead = queue[: queue.index(claim)]
+        free_view = self._view(busy)
+        for waiter in ahead:  # all blocked: what they reserve is not free for this one
+            free_view.reserve(waiter.demand)
+        d = claim.demand
+        after = f" ({len(ahead)} waiting claim(s) ahead of it)" if ahead else ""
+        if len(free_view.free) < d.gpus:
+            if len(free_view.free) + free_view.busy_free >= d.gpus:
+                return GPUsBusy(f"{d.gpus} GPU(s) requested, {len(free_view.free) + free_view.busy_free} "
+                                f"unclaimed but {free_view.busy_free} of them run processes nobody claimed")
+            return NotEnoughGPUs(f"{d.gpus} GPU(s) requested, {len(free_view.free)} free{after}")
+        for name, amount in d.pools:
+            unit = self.pools[name].unit
+            if free_view.pools[name] < amount:
+                return NotEnoughCapacity(f"{format_amount(amount, unit)} of {name} requested, "
+                                         f"{format_amount(free_view.pools[name], unit)} free{after}")
+        if d.vram:
+            most = max(free_view.vram.values(), default=0)
+            if most < d.vram:
+                return NotEnoughCapacity(f"{format_amount(d.vram, 'bytes')} of VRAM requested, "
+                                         f"at most {format_amount(most, 'bytes')} free on one GPU{after}")
+        return NotEnoughCapacity(f"the request does not fit now: reserved for{after or ' others'}")
+
+    def _restore_problem(self, claim: Claim) -> str:
+        if claim.id in self.claims:
+            return "duplicate id"
+        if any(name not in self.pools for name, _ in claim.demand.pools):
+            return "its pool is gone"
+        if claim.state != GRANTED:
+            return ""
+        for uuid in claim.gpus:
+            if uuid not in self.gpus:
+                return f"GPU {uuid} is gone"
+            if uuid in self._holder or (not claim.shared and self._shares.get(uuid)):
+                return f"GPU {uuid} is held twice"
+        if claim.shared and self.vram_used(claim.gpus[0]) + claim.demand.vram > self.gpus[claim.gpus[0]].memory_bytes:
+            return "its VRAM share no longer fits"
+        for name, amount in claim.demand.pools:
+            if self._used[name] + amount > self.pools[name].capacity:
+                return f"pool {name} is over capacity"
+        return ""
 
     # -- the invariant ---------------------------------------------------------------
     def check_invariants(self) -> None:
-        seen: dict[str, str] = {}
-        for claim in self.claims.values():
-            assert claim.gpus, f"{claim.id} holds no GPU"
-            for uuid in claim.gpus:
-                assert uuid in self.gpus, f"{claim.id} holds unknown GPU {uuid}"
-                assert uuid not in seen, f"{uuid} held by {seen.get(uuid)} and {claim.id}"
-                seen[uuid] = claim.id
-        assert seen == self._holder, "holder index out of step with the claims"
+        """Capacity and exclusivity hold for every GPU and pool; indexes match the claims."""
+        holder: dict[str, str] = {}
+        shares: dict[str, dict[str, int]] = {}
+        used = {name: 0 for name in self.pools}
+        for c in self.claims.values():
+            if c.state == QUEUED:
+                assert not c.gpus, f"queued {c.id} holds GPUs"
+                continue
+            assert c.gpus or c.demand.pools, f"{c.id} holds nothing"
+            for uuid in c.gpus:
+                assert uuid in self.gpus, f"{c.id} holds unknown GPU {uuid}"
+            if c.shared:
+                assert len(c.gpus) == 1
+                shares.setdefault(c.gpus[0], {})[c.id] = c.demand.vram
+            else:
+                assert len(c.gpus) == c.demand.gpus, f"{c.id} holds the wrong number of GPUs"
+                for uuid in c.gpus:
+                    assert uuid not in holder, f"{uuid} held by {holder.get(uuid)} and {c.id}"
+                    holder[uuid] = c.id
+            for name, amount in c.demand.pools:
+                used[name] += amount
+        for uuid, on in shares.items():
+            assert uuid not in holder, f"{uuid} is held whole and shared"
+            assert sum(on.values()) <= self.gpus[uuid].memory_bytes, f"{uuid} VRAM over capacity"
+        for name, amount in used.items():
+            assert amount <= self.pools[name].capacity, f"pool {name} over capacity"
+        assert holder == self._holder, "holder index out of step with the claims"
+        assert shares == self._shares, "share index out of step with the claims"
+        assert used == self._used, "pool use out of step with the claims"

@@ -34,7 +34,7 @@ class GpuReport:
     alias: str
     index: int
     status: str
-    claim_id: str
+    claim_id: str  # the holder, or the sharing claims joined by commas; "" if unclaimed
     processes: tuple[SeenProcess, ...] = ()
     detail: str = ""
 
@@ -49,8 +49,8 @@ def verify(
     answer; ``configured_missing`` lists (uuid, alias, index) of configured GPUs absent."""
     reports = []
     for gpu in ledger.gpus.values():
-        holder = ledger.holder(gpu.uuid)
-        claim_id = holder.id if holder else ""
+        claimants = {c.id for c in ledger.claims_on(gpu.uuid)}
+        claim_id = ",".join(sorted(claimants))
         if seen is None:
             reports.append(GpuReport(gpu.uuid, gpu.label, gpu.index, UNKNOWN, claim_id,
                                      detail=unknown_reason))
@@ -60,9 +60,9 @@ def verify(
                                      detail="the driver does not report this GPU"))
             continue
         procs = tuple(seen[gpu.uuid])
-        if holder is None:
+        if not claimants:
             status = UNCLAIMED_USE if procs else OK
-        elif any(p.claim_id != holder.id for p in procs):
+        elif any(p.claim_id not in claimants for p in procs):
             status = FOREIGN_PROCESS
         else:
             status = OK if procs else IDLE_CLAIM

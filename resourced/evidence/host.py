@@ -58,3 +58,18 @@ def measure(check: CheckEntry) -> Measurement:
             raise ValueError(f"check {check.name!r}: no path to measure")
         return measure_disk(check.path)
     raise ValueError(f"check {check.name!r}: unknown type {check.type!r}")
+
+
+def host_pools(configured) -> tuple:
+    """The pools: ``cpu`` (cores) and ``ram`` (bytes) sized from this machine, then the
+    config's ``[[pool]]`` entries (one named cpu or ram sets that pool's capacity)."""
+    from ..core.pools import HOST_POOLS, Pool
+
+    pools = {
+        "cpu": Pool("cpu", os.cpu_count() or 1, HOST_POOLS["cpu"]),
+        "ram": Pool("ram", measure_ram().total_bytes, HOST_POOLS["ram"]),
+    }
+    for entry in configured:
+        unit = HOST_POOLS.get(entry.name, entry.unit)
+        pools[entry.name] = Pool(entry.name, entry.capacity, unit)
+    return tuple(pools.values())

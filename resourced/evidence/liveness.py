@@ -20,7 +20,7 @@ class ExitWatcher:
         self._on_exit = on_exit
         self._fds: dict[str, int] = {}
 
-    def watch(self, key: str, ref: ProcessRef) -> bool:
+    def watch(self, key, ref: ProcessRef) -> bool:
         """Start watching; False (and no callback) if the process is already gone."""
         self.forget(key)
         try:
@@ -30,20 +30,28 @@ class ExitWatcher:
         if not is_alive(ref):  # the pid was reused before we pinned it
             os.close(fd)
             return False
-        self._fds[key] = fd
-        self._loop.add_reader(fd, self._exited, key)
+        self.watch_pidfd(key, fd)
         return True
 
-    def forget(self, key: str) -> None:
+    def watch_pidfd(self, key, fd: int) -> None:
+        """Watch the process an already open pidfd pins (the watcher closes it)."""
+        self.forget(key)
+        self._fds[key] = fd
+        self._loop.add_reader(fd, self._exited, key)
+
+    def forget(self, key) -> None:
         fd = self._fds.pop(key, None)
         if fd is not None:
             self._loop.remove_reader(fd)
             os.close(fd)
 
+    def keys(self) -> list:
+        return list(self._fds)
+
     def close(self) -> None:
         for key in list(self._fds):
             self.forget(key)
 
-    def _exited(self, key: str) -> None:
+    def _exited(self, key) -> None:
         self.forget(key)
         self._on_exit(key)

@@ -1,5 +1,7 @@
 """Processes as (pid, start time): reading /proc, and the boot they belong to."""
 
+import os
+
 from ..core.claims import ProcessRef
 
 PROC = "/proc"
@@ -32,6 +34,25 @@ def process_ref(pid: int) -> ProcessRef | None:
     except (OSError, ValueError):
         return None
     return ProcessRef(pid, int(fields[19]))
+
+
+def pin_process(pid: int) -> tuple[ProcessRef, int] | None:
+    """The live process ``pid`` and a pidfd pinning it, or None (gone, zombie, or a thread id:
+    pidfd_open refuses those).  One /proc read, where ``process_ref`` needs two."""
+    if pid <= 0:
+        return None
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    try:
+        fields = _stat_fields(pid)
+        if fields[0] not in ("Z", "X"):
+            return ProcessRef(pid, int(fields[19])), fd
+    except (OSError, ValueError):
+        pass
+    os.close(fd)
+    return None
 
 
 def is_alive(ref: ProcessRef) -> bool:

@@ -187,7 +187,7 @@ REFUSED_CALLS = {
                             INVALID_ARGS, "OwnerPID"),
     "mode-as-number": (("Claim", "ua{sv}", [1, {"Mode": Variant("u", 1)}]), INVALID_ARGS, "Mode"),
     "unknown-mode": (("Claim", "ua{sv}", [1, dev_options(mode="forever")]), INVALID_ARGS, "forever"),
-    "zero-gpus": (("Claim", "ua{sv}", [0, dev_options()]), INVALID_ARGS, "not 0"),
+    "zero-gpus": (("Claim", "ua{sv}", [0, dev_options()]), INVALID_ARGS, "nothing requested"),
     "too-many-gpus": (("Claim", "ua{sv}", [5, dev_options()]),
                       "org.resourced.Error.NotEnoughGPUs", "5 GPU(s) requested"),
     "get-unknown-claim": (("GetClaim", "s", ["cnosuch"]), "org.resourced.Error.NoSuchClaim", "cnosuch"),

@@ -46,8 +46,8 @@ def test_live_introspection_matches_golden_file(start_daemon, tmp_path):
         ref = c.claim(mode="dev", gpus=1, owner_pid=daemon.proc.pid)["allocation"]["ref"]
     live = {}
     for path in ("/org/resourced", "/org/resourced/gpu/0", f"/org/resourced/claim/{ref}",
-                 "/org/resourced/check/ram"):
+                 "/org/resourced/check/ram", "/org/resourced/pool/cpu"):
         live.update(_shape(_introspect(daemon.bus.address, path)))
     assert set(live) == {"org.resourced.Manager", "org.resourced.GPU", "org.resourced.Claim",
-                         "org.resourced.Check"}
+                         "org.resourced.Check", "org.resourced.Pool"}
     assert live == _shape(GOLDEN.read_text())

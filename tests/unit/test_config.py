@@ -105,7 +105,7 @@ def test_a_full_file():
                        stop_used_pct=80),
             CheckEntry("scratch", "disk", "/scratch", warn_free_gib=100, stop_free_gib=20.5),
         ),
-        pools=(PoolEntry("licences", 4), PoolEntry("scratch.space", 3 * 1024**4 // 2)),
+        pools=(PoolEntry("licences", 4), PoolEntry("scratch.space", 3 * 1024**4 // 2, "bytes")),
         source=SOURCE,
     )
     assert isinstance(cfg.daemon.probe_timeout, float)
@@ -121,7 +121,7 @@ def test_as_dict_is_plain_data():
     cfg = parse('[[gpu]]\nuuid = "GPU-a"\n[[pool]]\nname = "p"\ncapacity = "1K"\n')
     data = cfg.as_dict()
     assert data["gpus"] == [{"uuid": "GPU-a", "alias": None, "index": None}]
-    assert data["pools"] == [{"name": "p", "capacity": 1024}]
+    assert data["pools"] == [{"name": "p", "capacity": 1024, "unit": "bytes"}]
     assert data["checks"] == []
     assert data["daemon"]["probe_timeout"] == 10
     assert data["source"] == SOURCE
@@ -158,7 +158,7 @@ def test_bad_toml(text, where):
         ("[daemon]\nsample_intervall = 30\n", "daemon.sample_intervall"),
         ('[[gpu]]\nuuid = "GPU-a"\nname = "x"\n', "gpu[0].name"),
         ('[[check]]\nname = "r"\ntype = "ram"\nwarn_free_gb = 1\n', "check[0].warn_free_gb"),
-        ('[[pool]]\nname = "p"\ncapacity = 1\nunit = "B"\n', "pool[0].unit"),
+        ('[[pool]]\nname = "p"\ncapacity = 1\nunits = "B"\n', "pool[0].units"),
         ("probe_timeout = 10\n", "probe_timeout"),
         ("[daemon.extra]\nx = 1\n", "daemon.extra"),
     ],
@@ -590,7 +590,7 @@ def test_reload_lists():
         daemon=DaemonConfig(probe_timeout=5, persist=False),
     )
     assert reload_changes(old, new) == (
-        ["daemon.probe_timeout", "check", "pool"], ["daemon.persist", "gpu"],
+        ["daemon.probe_timeout", "check"], ["daemon.persist", "gpu", "pool"],
     )
     assert reload_changes(new, old) == reload_changes(old, new)
 
@@ -598,7 +598,7 @@ def test_reload_lists():
 def test_reload_sees_changes_inside_entries():
     a = parse('[[gpu]]\nuuid = "GPU-a"\nalias = "x"\n[[pool]]\nname = "p"\ncapacity = 4\n')
     b = parse('[[gpu]]\nuuid = "GPU-a"\nalias = "y"\n[[pool]]\nname = "p"\ncapacity = 5\n')
-    assert reload_changes(a, b) == (["pool"], ["gpu"])
+    assert reload_changes(a, b) == ([], ["gpu", "pool"])
 
 
 def test_reload_ignores_how_a_number_was_written():
