@@ -5,6 +5,7 @@ The engine's events come back through ``_publish``, the one place that exports a
 unexports claim objects and emits signals and PropertiesChanged, once per change.
 """
 
+import asyncio
 import json
 
 from dbus_fast import PropertyAccess, Variant
@@ -362,7 +363,13 @@ class ManagerInterface(Interface):
         self.bus.export(claim_path(claim.id), iface)
 
     def _publish(self, events: list[Event]) -> None:
-        """Objects, signals and PropertiesChanged for a batch of engine events, each once."""
+        """Objects, signals and PropertiesChanged for a batch of engine events, each once.
+
+        They go out (with the values of now) just after the reply to the call that caused
+        them, so the caller is not kept waiting while the bus routes them.  A new object is
+        exported then too: before the loop reads the caller's next message, so a call to
+        the path the reply named always finds it."""
+        out: list[tuple] = []  # (function, args), in order
         touched_gpus: set[str] = set()
         touched_pools: set[str] = set()
         for event in events:
@@ -370,43 +377,56 @@ class ManagerInterface(Interface):
             iface = self._claims.get(claim.id)
             if isinstance(event, (ClaimQueued, ClaimGranted)):
                 if iface is None:
-                    self._export_claim(claim)
-                    self.ClaimNew(claim.id, claim_path(claim.id))
+                    iface = self._claims[claim.id] = ClaimInterface(claim, self)
+                    out.append((self.bus.export, claim_path(claim.id), iface))
+                    out.append((self.ClaimNew, claim.id, claim_path(claim.id)))
                 elif isinstance(event, ClaimGranted):  # a waiter served
-                    iface.emit_properties_changed({"State": claim.state,
-                                                   "GPUUUIDs": list(claim.gpus)})
-                    iface.Granted(self._grant(claim))
+                    out.append((iface.emit_properties_changed,
+                                {"State": claim.state, "GPUUUIDs": list(claim.gpus)}))
+                    out.append((iface.Granted, self._grant(claim)))
             elif isinstance(event, ClaimReleased):
                 if iface is not None:
+                    del self._claims[claim.id]
                     if claim.state == QUEUED:  # it left the queue ungranted
-                        iface.Cancelled(event.reason)
-                    self.bus.unexport(claim_path(claim.id), self._claims.pop(claim.id))
-                self.ClaimRemoved(claim.id, claim_path(claim.id), event.reason)
+                        out.append((iface.Cancelled, event.reason))
+                    out.append((self.bus.unexport, claim_path(claim.id), iface))
+                out.append((self.ClaimRemoved, claim.id, claim_path(claim.id), event.reason))
             elif isinstance(event, OwnerDied):
-                iface.emit_properties_changed({"OwnerAlive": False})
+                out.append((iface.emit_properties_changed, {"OwnerAlive": False}))
             elif isinstance(event, MembersChanged):
-                iface.emit_properties_changed({"MemberPIDs": sorted(m.pid for m in claim.members)})
+                out.append((iface.emit_properties_changed,
+                            {"MemberPIDs": sorted(m.pid for m in claim.members)}))
             elif isinstance(event, ReclaimAsked):
-                iface.emit_properties_changed({"ReclaimRequested": True})
-                iface.reclaim_requested(event.waiter.id, event.waiter.priority)
+                out.append((iface.emit_properties_changed, {"ReclaimRequested": True}))
+                out.append((iface.reclaim_requested, event.waiter.id, event.waiter.priority))
             elif isinstance(event, ReclaimWithdrawn) and iface is not None:
-                iface.emit_properties_changed({"ReclaimRequested": False})
-                iface.ReclaimWithdrawn()
+                out.append((iface.emit_properties_changed, {"ReclaimRequested": False}))
+                out.append((iface.ReclaimWithdrawn,))
             if isinstance(event, (ClaimGranted, ClaimReleased)):
                 touched_gpus.update(claim.gpus)
                 touched_pools.update(name for name, _ in claim.demand.pools)
         for uuid in touched_gpus:
             gpu = self._gpus[uuid]
-            gpu.emit_properties_changed({"State": gpu.State, "ClaimID": gpu.ClaimID,
-                                         "VRAMUsedBytes": gpu.VRAMUsedBytes})
+            out.append((gpu.emit_properties_changed, {
+                "State": gpu.State, "ClaimID": gpu.ClaimID, "VRAMUsedBytes": gpu.VRAMUsedBytes}))
         for name in touched_pools:
-            self._pools[name].emit_properties_changed({"Free": self._pools[name].Free})
+            out.append((self._pools[name].emit_properties_changed, {"Free": self._pools[name].Free}))
         if any(isinstance(e, (ClaimQueued, ClaimGranted, ClaimReleased)) for e in events):
-            self.emit_properties_changed({
+            out.append((self.emit_properties_changed, {
                 "FreeGPUs": self.engine.free_count(),
                 "NClaims": len(self.engine.ledger.claims),
                 "NQueued": len(self.engine.ledger.queue()),
-            })
+            }))
+        # Two hops: the reply of an async method is sent from a callback scheduled when it
+        # returns, which is after this one.
+        loop = asyncio.get_running_loop()
+        loop.call_soon(loop.call_soon, _run_all, out)
+
+
+def _run_all(calls: list[tuple]) -> None:
+    for fn, *args in calls:
+        fn(*args)
+
 
 def _report(r: GpuReport) -> dict:
     """One GPU's verify report as a{sv} (processes as aa{sv}: Pid, UsedMemoryBytes, UID,

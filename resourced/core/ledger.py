@@ -326,9 +326,12 @@ class Ledger:
         return _View(usable, vram, pools, busy_free=len(free) - len(usable))
 
     def _schedule(self, busy: frozenset[str]) -> list[Event]:
+        queue = self.queue()
+        if not queue:
+            return []
         view = self._view(busy)
         events: list[Event] = []
-        for claim in self.queue():
+        for claim in queue:
             placed = view.place(claim.demand)
             if placed is not None:
                 view.take(claim.demand, *placed)
