@@ -34,8 +34,14 @@ from jeepney.low_level import HeaderFields
 from .bus.names import BUS_NAME, CLAIM_IFACE, MANAGER_IFACE, MANAGER_PATH, RELEASE_FORCE
 from .environment import claim_env
 from .errors import (
-    DaemonUnreachable, GPUsBusy, InvalidRequest, NoSuchClaim, NotEnoughCapacity, NotEnoughGPUs,
-    QueueTimeout, error_from_bus,
+    DaemonUnreachable,
+    GPUsBusy,
+    InvalidRequest,
+    NoSuchClaim,
+    NotEnoughCapacity,
+    NotEnoughGPUs,
+    QueueTimeout,
+    error_from_bus,
 )
 
 __all__ = ["AsyncClient", "AsyncLease", "Client", "Lease"]

@@ -34,8 +34,17 @@ from pathlib import Path
 from .amounts import parse_amount
 
 __all__ = [
-    "CheckEntry", "Config", "ConfigError", "DaemonConfig", "GpuEntry", "PoolEntry",
-    "SYSTEM_CONFIG", "find_config", "load_config", "parse_config", "reload_changes",
+    "SYSTEM_CONFIG",
+    "CheckEntry",
+    "Config",
+    "ConfigError",
+    "DaemonConfig",
+    "GpuEntry",
+    "PoolEntry",
+    "find_config",
+    "load_config",
+    "parse_config",
+    "reload_changes",
 ]
 
 SYSTEM_CONFIG = Path("/etc/resourced/config.toml")

@@ -26,9 +26,9 @@ from .bus.manager import ManagerInterface
 from .bus.names import BUS_NAME
 from .config import Config, ConfigError, find_config, load_config, reload_changes
 from .engine import Engine
-from .health_monitor import HealthMonitor
 from .evidence.host import host_pools
 from .evidence.processes import boot_id
+from .health_monitor import HealthMonitor
 from .sd import notify, reloading, run_watchdog, setup_logging, watchdog_interval
 from .store import ClaimStore, StoreBusy, StoreError
 

@@ -29,12 +29,23 @@ from .core.attribution import attribute, claim_processes, descendants
 from .core.claims import QUEUED, Claim, ClaimRequest, Demand, ProcessRef
 from .core.inventory import Gpu
 from .core.ledger import (
-    ClaimGranted, ClaimQueued, ClaimReleased, Event, Ledger, OwnerDied, ReclaimAsked,
+    ClaimGranted,
+    ClaimQueued,
+    ClaimReleased,
+    Event,
+    Ledger,
+    OwnerDied,
+    ReclaimAsked,
 )
 from .core.pools import Pool
 from .core.verify import GpuReport, SeenProcess, verify
 from .errors import (
-    Internal, InvalidRequest, NoSuchClaim, NotClaimOwner, NotProcessOwner, ResourcedError,
+    Internal,
+    InvalidRequest,
+    NoSuchClaim,
+    NotClaimOwner,
+    NotProcessOwner,
+    ResourcedError,
     StillInUse,
 )
 from .evidence.gpuprobe import GpuEvidence, GpuProbe
@@ -112,7 +123,7 @@ class Engine:
         failure = ""
         try:
             self.present = await self._off_loop(self.backend.inventory)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             failure = (f"{self.backend.name} backend did not answer within "
                        f"{self.settings.probe_timeout:g} s")
         except Exception as exc:  # noqa: BLE001 - any backend failure leaves us GPU-less
@@ -318,7 +329,7 @@ class Engine:
                 table = await self._off_loop(read_table)
                 self._adopt(table)
                 await self._release_dead_owners()
-            except Exception:  # noqa: BLE001 - a failed sweep must not end tracking
+            except Exception:
                 log.exception("tracking sweep failed")
 
     def _adopt(self, table) -> None:
@@ -454,7 +465,7 @@ class Engine:
             try:
                 entry = await self._off_loop(pwd.getpwuid, uid)
                 self._user_names[uid] = entry.pw_name
-            except (KeyError, asyncio.TimeoutError):
+            except (TimeoutError, KeyError):
                 return str(uid)
         return self._user_names[uid]
 

@@ -25,14 +25,22 @@ per check is ever in flight, so their number stays bounded.
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from . import sd
 from .config import CheckEntry
 from .core.health import (
-    ERROR, OK, STOP, UNAVAILABLE, WARN, CheckState, HealthBook, LevelChanged, Measurement,
+    ERROR,
+    OK,
+    STOP,
+    UNAVAILABLE,
+    WARN,
+    CheckState,
+    HealthBook,
+    LevelChanged,
+    Measurement,
     level_for,
 )
 from .threads import DaemonThreads
@@ -142,7 +150,7 @@ class HealthMonitor:
             await self.sample_now()
             try:
                 await asyncio.wait_for(self._wake.wait(), self.sample_interval)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def sample_now(self) -> list[LevelChanged]:
@@ -197,11 +205,11 @@ class HealthMonitor:
         try:
             # shield: a waiter that gives up must not cancel the probe others share
             m = await asyncio.wait_for(asyncio.shield(waiter), remaining)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return UNAVAILABLE, None, f"no answer within {self.probe_timeout:g} s"
         except (OSError, ValueError) as exc:
             return ERROR, None, _describe_error(exc)
-        except Exception as exc:  # noqa: BLE001 - an injected probe's bug is an ERROR too
+        except Exception as exc:
             log.warning("check %s: the probe failed unexpectedly", check.name, exc_info=True)
             return ERROR, None, f"{type(exc).__name__}: {_describe_error(exc)}"
         finally:
@@ -227,5 +235,5 @@ class HealthMonitor:
     def _call(listener, arg) -> None:
         try:
             listener(arg)
-        except Exception:  # noqa: BLE001 - one bad listener must not stop the sampling
+        except Exception:
             log.exception("a health listener failed")

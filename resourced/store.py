@@ -26,7 +26,13 @@ from pathlib import Path
 
 from .core.claims import Claim, Demand, ProcessRef
 from .core.ledger import (
-    ClaimGranted, ClaimQueued, ClaimReleased, Event, MembersChanged, OwnerDied, ReclaimAsked,
+    ClaimGranted,
+    ClaimQueued,
+    ClaimReleased,
+    Event,
+    MembersChanged,
+    OwnerDied,
+    ReclaimAsked,
     ReclaimWithdrawn,
 )
 

@@ -28,7 +28,7 @@ def bus_errors(fn):
         async def wrapper(*args):
             try:
                 return await fn(*args)
-            except Exception as exc:  # noqa: BLE001 - this is the translation seam
+            except Exception as exc:
                 raise _translate(exc) from exc
 
     else:
@@ -37,7 +37,7 @@ def bus_errors(fn):
         def wrapper(*args):
             try:
                 return fn(*args)
-            except Exception as exc:  # noqa: BLE001 - this is the translation seam
+            except Exception as exc:
                 raise _translate(exc) from exc
 
     return wrapper

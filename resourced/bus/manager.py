@@ -12,31 +12,43 @@ from dbus_fast import PropertyAccess, Variant
 from dbus_fast.service import dbus_method, dbus_property, dbus_signal
 
 from .. import __version__
+from ..config import ConfigError
+from ..core import health as health_levels
+from ..core.claims import QUEUED, Demand
 from ..core.claims import Claim as ClaimRecord
 from ..core.inventory import pci_order
-from ..config import ConfigError
-from ..core.claims import QUEUED, Demand
 from ..core.ledger import (
-    ClaimGranted, ClaimQueued, ClaimReleased, Event, MembersChanged, OwnerDied, ReclaimAsked,
+    ClaimGranted,
+    ClaimQueued,
+    ClaimReleased,
+    Event,
+    MembersChanged,
+    OwnerDied,
+    ReclaimAsked,
     ReclaimWithdrawn,
 )
 from ..core.verify import GpuReport
-from ..core import health as health_levels
 from ..engine import Engine
-from ..health_monitor import HealthMonitor
 from ..errors import InvalidRequest
+from ..health_monitor import HealthMonitor
 from .caller import Credentials, current_call
 from .claim import ClaimInterface
 from .errors import bus_errors
 from .gpu import GpuInterface
 from .health import CheckInterface
-from .pool import PoolInterface
 from .interface import Interface
 from .names import (
-    MANAGER_IFACE, MANAGER_PATH, RELEASE_FORCE, check_path, claim_path, gpu_path, pool_path,
+    MANAGER_IFACE,
+    MANAGER_PATH,
+    RELEASE_FORCE,
+    check_path,
+    claim_path,
+    gpu_path,
+    pool_path,
 )
 from .options import parse_options
 from .polkit import CLAIM, MANAGE, RELEASE_OTHER, Authority
+from .pool import PoolInterface
 
 R = PropertyAccess.READ
 

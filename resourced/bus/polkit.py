@@ -74,7 +74,7 @@ class Authority:
                 body=[["system-bus-name", {"name": Variant("s", msg.sender)}], action,
                       details, ALLOW_USER_INTERACTION if interactive else 0, ""],
             ))
-        except Exception as exc:  # noqa: BLE001 - any failure to ask is a refusal
+        except Exception as exc:
             log.error("polkit check of %s failed: %s; denying", action, exc)
             raise AccessDenied(f"cannot check authorization for {action}") from exc
         if reply.message_type is not MessageType.METHOD_RETURN:

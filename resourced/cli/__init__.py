@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     except GpuctlError as exc:
         click.echo(f"gpuctl: {exc}", err=True)
         return exc.exit_code
-    except Exception as exc:  # noqa: BLE001 - resourced errors and the unexpected alike
+    except Exception as exc:
         code = exit_code_for(exc)
         if code is None:
             raise

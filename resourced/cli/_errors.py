@@ -1,10 +1,21 @@
 """gpuctl's exit codes, and the one table that maps resourced errors to them."""
 
 from ..errors import (
-    AccessDenied, DaemonUnreachable, GPUsBusy, InteractionRequired, Internal, InvalidRequest,
+    AccessDenied,
+    DaemonUnreachable,
+    GPUsBusy,
+    InteractionRequired,
+    Internal,
+    InvalidRequest,
     NoSuchClaim,
-    NoSuchPool, NotClaimOwner, NotEnoughCapacity, NotEnoughGPUs, NotProcessOwner, QueueTimeout,
-    ResourcedError, StillInUse,
+    NoSuchPool,
+    NotClaimOwner,
+    NotEnoughCapacity,
+    NotEnoughGPUs,
+    NotProcessOwner,
+    QueueTimeout,
+    ResourcedError,
+    StillInUse,
 )
 
 EXIT_OK = 0

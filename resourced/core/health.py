@@ -32,17 +32,31 @@ checks configured the machine is OK: nothing is limited.  Levels are advice; not
 resourced blocks or kills anything because of them.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Iterable
 
 from ..amounts import format_bytes
 from ..config import CheckEntry
 
 __all__ = [
-    "ERROR", "FAILURES", "LEVELS", "OK", "STOP", "UNAVAILABLE", "WARN", "CheckState",
-    "HealthBook", "LevelChanged", "LIMIT_KEYS", "Measurement", "NOT_MEASURED", "REMOVED",
-    "level_for", "limits_of", "worst",
+    "ERROR",
+    "FAILURES",
+    "LEVELS",
+    "LIMIT_KEYS",
+    "NOT_MEASURED",
+    "OK",
+    "REMOVED",
+    "STOP",
+    "UNAVAILABLE",
+    "WARN",
+    "CheckState",
+    "HealthBook",
+    "LevelChanged",
+    "Measurement",
+    "level_for",
+    "limits_of",
+    "worst",
 ]
 
 OK = "OK"

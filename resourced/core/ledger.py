@@ -32,7 +32,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..errors import (
-    GPUsBusy, InvalidRequest, NoSuchClaim, NoSuchPool, NotEnoughCapacity, NotEnoughGPUs,
+    GPUsBusy,
+    InvalidRequest,
+    NoSuchClaim,
+    NoSuchPool,
+    NotEnoughCapacity,
+    NotEnoughGPUs,
     ResourcedError,
 )
 from .claims import GRANTED, QUEUED, Claim, ClaimRequest, Demand, ProcessRef

@@ -54,7 +54,7 @@ class GpuProbe:
         remaining = self.timeout - (time.monotonic() - self._started)
         try:
             result = await asyncio.wait_for(asyncio.shield(self._inflight), max(remaining, 0))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return GpuEvidence(None, f"the GPU driver did not answer within {self.timeout:g} s")
         except BackendError as exc:
             return GpuEvidence(None, str(exc))
