@@ -124,5 +124,18 @@ def summary(samples: list[float]) -> dict[str, float]:
 
 
 def machine_line() -> str:
+    """Interpreter, CPUs, load and source tree, so a figure can be tied to what made it."""
     return (f"python {sys.version.split()[0]} ({sys.executable}), "
-            f"{os.cpu_count()} CPU(s), load avg {os.getloadavg()[0]:.2f}")
+            f"{os.cpu_count()} CPU(s), load avg {os.getloadavg()[0]:.2f}, tree {_tree()}")
+
+
+def _tree() -> str:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "resourced"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head or 'unknown'}{' + uncommitted changes in resourced/' if dirty else ''}"

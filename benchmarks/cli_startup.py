@@ -15,6 +15,12 @@ Prints the median and p90 of each and their ratio to the baseline.  Then, throug
 dbus_fast or jeepney, and the ten imports with the largest cumulative time in
 ``gpuctl free`` (median over a few runs), to show where start-up time goes.
 
+Bytecode: by default the commands run with a private ``PYTHONPYCACHEPREFIX`` (and
+without ``PYTHONDONTWRITEBYTECODE``), so after the warm-up rounds every module loads from
+a cached ``.pyc``, as from an installed package; nothing is written into the source tree.
+``--inherit-bytecode-setting`` runs them with this environment's setting instead (with
+``PYTHONDONTWRITEBYTECODE=1`` and an editable install, resourced is compiled on every run).
+
 Target: ``gpuctl free`` within 1.5x of the ``import click`` baseline (median);
 ``gpuctl --help`` imports neither dbus_fast nor jeepney.
 
@@ -23,9 +29,11 @@ Target: ``gpuctl free`` within 1.5x of the ``import click`` baseline (median);
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -151,24 +159,28 @@ def report_top_imports(name, cmd, env, runs: int, top: int = 10) -> None:
         print(f"  {cum_us / 1e3:>13.1f}{self_us / 1e3:>9.1f}  {'  ' * depth}{module}")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", type=int, default=30, help="timed runs of each command (30)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed rounds first (2)")
-    p.add_argument("--importtime-runs", type=int, default=5,
-                   help="runs of -X importtime behind the top-10 table (5)")
-    p.add_argument("--gpus", type=int, default=8, help="simulated GPUs in the daemon (8)")
-    args = p.parse_args()
+def bytecode_line(pycache: str | None) -> str:
+    if pycache:
+        return "bytecode: cached under a private PYTHONPYCACHEPREFIX, filled by the warm-up"
+    setting = {k: os.environ[k] for k in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")
+               if k in os.environ}
+    return f"bytecode: as inherited ({setting or 'default: .pyc written next to sources'})"
 
+
+def run(args, pycache: str | None) -> None:
     cmds = commands()
     print(f"cli_startup: {args.runs} interleaved runs of each command after {args.warmup} "
           "warm-up rounds; daemon with "
           f"{args.gpus} simulated GPUs on a private session bus (RESOURCED_BUS unset)")
     print(machine_line())
+    print(bytecode_line(pycache))
     if gpuctl_command() is None:
         print(f"note: no console script next to {sys.executable}; gpuctl rows use -m")
     with daemon_on_private_bus(args.gpus) as bus:
         env = clean_env(bus.address)
+        if pycache:
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+            env["PYTHONPYCACHEPREFIX"] = pycache
         free_cmd = cmds.get("gpuctl free") or cmds["python -m resourced.cli free"]
         out = subprocess.run(free_cmd, env=env, capture_output=True, text=True)
         shown = " ".join([Path(free_cmd[0]).name, *free_cmd[1:]])
@@ -178,6 +190,24 @@ def main() -> None:
         report_bus_imports(cmds, env)
         free_name = "gpuctl free" if "gpuctl free" in cmds else "python -m resourced.cli free"
         report_top_imports(free_name, free_cmd, env, args.importtime_runs)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=30, help="timed runs of each command (30)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed rounds first (2)")
+    p.add_argument("--importtime-runs", type=int, default=5,
+                   help="runs of -X importtime behind the top-10 table (5)")
+    p.add_argument("--gpus", type=int, default=8, help="simulated GPUs in the daemon (8)")
+    p.add_argument("--inherit-bytecode-setting", action="store_true",
+                   help="keep PYTHONDONTWRITEBYTECODE/PYTHONPYCACHEPREFIX as inherited")
+    args = p.parse_args()
+    pycache = None if args.inherit_bytecode_setting else tempfile.mkdtemp(prefix="pycache-")
+    try:
+        run(args, pycache)
+    finally:
+        if pycache:
+            shutil.rmtree(pycache, ignore_errors=True)
 
 
 if __name__ == "__main__":
