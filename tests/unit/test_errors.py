@@ -11,7 +11,7 @@ from resourced.errors import (
     ALL_ERRORS, ERROR_PREFIX, UNREACHABLE_NAMES, AccessDenied, DaemonUnreachable, GPUsBusy,
     InteractionRequired,
     Internal, InvalidRequest, NoSuchClaim, NotClaimOwner, NotEnoughGPUs, NotProcessOwner,
-    ResourcedError, StillInUse, error_from_bus,
+    NoSuchPool, NotEnoughCapacity, QueueTimeout, ResourcedError, StillInUse, error_from_bus,
 )
 
 DOCUMENTED_EXIT_CODES = {
@@ -26,6 +26,9 @@ DOCUMENTED_EXIT_CODES = {
     AccessDenied: 8,
     InteractionRequired: 8,
     StillInUse: 9,
+    NotEnoughCapacity: 3,
+    NoSuchPool: 2,
+    QueueTimeout: 11,
 }
 
 
