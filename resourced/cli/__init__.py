@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     except GpuctlError as exc:
         click.echo(f"gpuctl: {exc}", err=True)
         return exc.exit_code
+    except click.ClickException as exc:
+        click.echo(f"gpuctl: {exc.format_message()}", err=True)
+        return exc.exit_code
     except Exception as exc:
         code = exit_code_for(exc)
         if code is None:

@@ -1,14 +1,16 @@
 """gpuctl demo: resourced at work on simulated GPUs, on a private bus of its own.
 
 It never touches a real bus or a real GPU, so it is safe on a busy machine: it starts a
-private ``dbus-daemon`` and a daemon on 4 simulated GPUs, runs a development claim and
-concurrent one-off jobs through gpuctl, shows ``gpuctl status`` at each step, and stops
-everything it started.
+private ``dbus-daemon`` and a daemon on 4 simulated GPUs, runs a development claim,
+concurrent one-off jobs (whole GPUs and VRAM shares) and a job that waits in the queue
+through gpuctl, shows ``gpuctl status`` at each step, and stops everything it started.
 """
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import click
@@ -25,11 +27,13 @@ class _Demo:
         from ..privatebus import PrivateBus
 
         self.bus = PrivateBus().start()
+        self.runtime_dir = tempfile.mkdtemp(prefix="resourced-demo-")
         self.env = {
             **os.environ,
             **self.bus.env(),
             "DBUS_SYSTEM_BUS_ADDRESS": self.bus.address,  # nothing reaches the real system bus
             "RESOURCED_SIMULATED_GPUS": str(gpus),
+            "RESOURCED_RUNTIME_DIR": self.runtime_dir,   # nor the real runtime directory
         }
         self.daemon = None
 
@@ -60,6 +64,7 @@ class _Demo:
             self.daemon.terminate()
             self.daemon.wait(10)
         self.bus.stop()
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
 
 
 @click.command()
@@ -81,14 +86,16 @@ def demo(gpus):
         click.echo(f"$ gpuctl claim --gpus 1 --owner-pid {os.getpid()} ...  ->  {ref}")
         d.status()
 
-        _say(f"Concurrent one-off jobs: 2 jobs of 1 GPU each for {JOB_SECONDS:.0f} s, "
-             "and one asking for 2 GPUs that cannot fit")
-        job = f"import os, time; time.sleep({JOB_SECONDS}); print('ran on', os.environ['CUDA_VISIBLE_DEVICES'][-4:])"
-        jobs = [d.spawn("run", "--gpus", "1", "--task-name", f"job {i}", "--", sys.executable, "-c", job)
-                for i in (1, 2)]
+        _say(f"Concurrent one-off jobs for {JOB_SECONDS:.0f} s: one whole GPU, two 30G VRAM "
+             "shares of one GPU, and one asking for 3 whole GPUs, which cannot fit")
+        job = ("import os, time; time.sleep(%s); print('ran on', "
+               "os.environ['CUDA_VISIBLE_DEVICES'][-4:], os.environ.get('RESOURCED_VRAM_BYTES', 'whole'))"
+               % JOB_SECONDS)
+        jobs = [d.spawn("run", *amount, "--task-name", f"job {i}", "--", sys.executable, "-c", job)
+                for i, amount in enumerate([("--gpus", "1"), ("--vram", "30G"), ("--vram", "30G")], 1)]
         time.sleep(JOB_SECONDS / 2)
-        too_big = d.gpuctl("run", "--gpus", "2", "--", "true", capture=True)
-        click.echo(f"$ gpuctl run --gpus 2 -- true  ->  exit {too_big.returncode}: "
+        too_big = d.gpuctl("run", "--gpus", "3", "--", "true", capture=True)
+        click.echo(f"$ gpuctl run --gpus 3 -- true  ->  exit {too_big.returncode}: "
                    f"{too_big.stderr.strip()}")
         d.status()
 
@@ -98,10 +105,22 @@ def demo(gpus):
             click.echo(f"job {i}: exit {p.returncode}, {out.strip()}")
         d.status()
 
-        _say("Running on the development claim, then releasing it")
+        _say("A job that needs all 4 GPUs waits in the queue (--wait) until the claim is released")
+        waiter = d.spawn("run", "--gpus", "4", "--wait", "--task-name", "big job", "--",
+                         sys.executable, "-c", "import os; print('big job on', "
+                         "len(os.environ['CUDA_VISIBLE_DEVICES'].split(',')), 'GPUs')")
+        deadline = time.monotonic() + 10
+        while "big job" not in d.gpuctl("queue", capture=True).stdout:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        d.gpuctl("queue")
         d.gpuctl("run", "--allocation", ref, "--", sys.executable, "-c",
-                 "import os; print('on claim', os.environ['RESOURCED_ALLOCATION'])")
+                 "import os; print('meanwhile on the claim', os.environ['RESOURCED_ALLOCATION'])")
+        click.echo(f"$ gpuctl release --allocation {ref}")
         d.gpuctl("release", "--allocation", ref)
+        out, _ = waiter.communicate(timeout=60)
+        click.echo(f"waiting job: exit {waiter.returncode}, {out.strip()}")
         d.status()
         _say("Done: the private daemon and bus are stopped")
     finally:

@@ -1,0 +1,30 @@
+"""The README's first command runs `gpuctl demo`: it must work, alone, and clean up."""
+
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def _private_buses() -> set[int]:
+    out = subprocess.run(["pgrep", "-f", "dbus-daemon --session --fork --nopidfile"],
+                         capture_output=True, text=True).stdout
+    return {int(pid) for pid in out.split()}
+
+
+def test_the_demo_runs_its_steps_and_leaves_nothing_behind():
+    before = _private_buses()
+    demos_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "resourced-demo-*")))
+    r = subprocess.run([sys.executable, "-m", "resourced.cli", "demo"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+    out = r.stdout
+    assert "exit 3: gpuctl: 3 GPU(s) requested, 1 free" in out       # all or nothing
+    assert out.count("ran on 0002 32212254720") == 2                  # two shares, one GPU
+    assert "waiting job: exit 0, big job on 4 GPUs" in out            # the queue served it
+    assert out.rstrip().endswith("the private daemon and bus are stopped")
+    assert "4 of 4 GPU(s) free" in out.split("waiting job")[1]
+    assert _private_buses() <= before
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "resourced-demo-*"))) <= demos_before
