@@ -30,19 +30,20 @@ def clean_env(bus_address: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def daemon_on_private_bus(gpus: int = 8):
+def daemon_on_private_bus(gpus: int = 8, args: tuple[str, ...] = (), runtime_parent: str | None = None):
     """Yield the private bus with a ready daemon on it; stop both however the block ends.
 
     This process's own environment points at the private bus for the duration, so that
     ``resourced.Client(bus="session")`` here finds it.  The daemon keeps its claims in a
     fresh runtime directory on tmpfs where there is one (as ``/run`` and
-    ``$XDG_RUNTIME_DIR`` are in production).  Its log goes to a temporary file, printed
+    ``$XDG_RUNTIME_DIR`` are in production) unless ``runtime_parent`` names another
+    place; ``args`` go to the daemon's command line.  Its log goes to a temporary file, printed
     only if it fails to come up.
     """
     bus = PrivateBus().start()
     saved = {k: os.environ.get(k) for k in ("DBUS_SESSION_BUS_ADDRESS", "RESOURCED_BUS")}
     log = tempfile.TemporaryFile(mode="w+")
-    runtime_dir = tempfile.mkdtemp(prefix="resourced-bench-", dir=_tmpfs())
+    runtime_dir = tempfile.mkdtemp(prefix="resourced-bench-", dir=runtime_parent or _tmpfs())
     proc = None
     try:
         env = clean_env(bus.address)
@@ -51,7 +52,7 @@ def daemon_on_private_bus(gpus: int = 8):
         env["RESOURCED_SIMULATED_GPUS"] = str(gpus)
         env["RESOURCED_RUNTIME_DIR"] = runtime_dir
         proc = subprocess.Popen(
-            [sys.executable, "-m", "resourced.daemon", "--session"],
+            [sys.executable, "-m", "resourced.daemon", "--session", *args],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )
         _wait_ready(proc, log)
