@@ -166,4 +166,6 @@ def error_from_bus(name: str, message: str) -> ResourcedError:
         return DaemonUnreachable(message or "the resourced daemon is not running")
     if name == "org.freedesktop.DBus.Error.UnknownMethod":
         return InvalidRequest(message)
+    if name == "org.freedesktop.DBus.Error.UnknownObject":  # a claim's object, gone
+        return NoSuchClaim(message or "no such claim (unknown or already released)")
     return Internal(f"{name}: {message}" if message else name)

@@ -48,6 +48,9 @@ class PendingChild:
             os.close(self._write_end)
             self._exec_when_told(read_end, argv)
         os.close(read_end)
+        # Until the command starts, gpuctl itself answers Ctrl-C and SIGTERM (a waiting
+        # claim must leave the queue); the child keeps them blocked until it execs.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
 
     def _exec_when_told(self, read_end: int, argv: list[str]) -> None:
         chunks = []
@@ -87,6 +90,7 @@ class PendingChild:
 
     def start(self, env: dict[str, str]) -> int:
         """Run the command with ``env`` and wait; returns its exit code (128+n for signal n)."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
         os.write(self._write_end, json.dumps(env).encode())
         os.close(self._write_end)
         try:
