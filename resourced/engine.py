@@ -432,10 +432,14 @@ class Engine:
                 if undo is not None:
                     undo()
                     raise Internal("the daemon cannot record claims; see its log") from exc
-        for event in events:
-            self._audit(event)
+        # The audit lines are written after the reply: the log is not on the caller's clock.
+        asyncio.get_running_loop().call_soon(self._audit_all, events)
         for listener in self._listeners:
             listener(events)
+
+    def _audit_all(self, events: list[Event]) -> None:
+        for event in events:
+            self._audit(event)
 
     def _audit(self, event: Event) -> None:
         c = event.claim
