@@ -35,6 +35,7 @@ from .core.ledger import (
     ReclaimAsked,
     ReclaimWithdrawn,
 )
+from .errors import ResourcedError
 
 log = logging.getLogger("resourced")
 
@@ -145,7 +146,8 @@ class ClaimStore:
                         return {}
                     continue
                 self._apply(claims, record)
-            except (ValueError, KeyError, TypeError) as exc:
+            # Anything a damaged record can raise: the file is not to be trusted past here.
+            except (ValueError, KeyError, TypeError, AttributeError, ResourcedError) as exc:
                 self._set_aside(f"line {number}: {exc}")
                 return claims
         return claims

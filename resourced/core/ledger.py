@@ -29,7 +29,7 @@ Every mutation returns the events it caused; the caller persists, then publishes
 """
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import (
     GPUsBusy,
@@ -93,11 +93,12 @@ class _View:
     free: list[str]              # whole GPUs nobody holds or shares, not busy, by index
     vram: dict[str, int]         # GPUs a share may go on -> free bytes
     pools: dict[str, int]        # pool -> free amount
+    memory: dict[str, int]       # GPU -> its memory
     busy_free: int = 0           # free GPUs left out because they are busy
-    notes: list[str] = field(default_factory=list)
 
     def copy(self) -> "_View":
-        return _View(list(self.free), dict(self.vram), dict(self.pools), self.busy_free)
+        return _View(list(self.free), dict(self.vram), dict(self.pools), self.memory,
+                     self.busy_free)
 
     def place(self, d: Demand) -> tuple[tuple[str, ...], str] | None:
         """(whole GPUs, the GPU for the share or "") if ``d`` fits, else None."""
@@ -125,26 +126,34 @@ class _View:
             self.pools[name] -= amount
 
     def reserve(self, d: Demand) -> None:
-        """Keep what a waiter that does not fit could use away from the claims after it."""
-        for uuid in self.free[: d.gpus]:
-            self.vram.pop(uuid, None)
-        del self.free[: d.gpus]
-        if d.vram and self.vram:
-            best = max(self.vram, key=self.vram.get)
-            del self.vram[best]
-            if best in self.free:
-                self.free.remove(best)
+        """Keep what a waiter that does not fit could use away from the claims after it.
+
+        Whole GPUs: the free ones it needs, and when those are too few, every shared GPU
+        too (no new share may land there, so they drain for it).  A share: every GPU big
+        enough for it (whichever frees first must be its).  Pools: up to its amount."""
+        if d.gpus:
+            for uuid in self.free[: d.gpus]:
+                self.vram.pop(uuid, None)
+            short = d.gpus > len(self.free)
+            del self.free[: d.gpus]
+            if short:
+                for uuid in [u for u in self.vram if u not in self.free]:
+                    del self.vram[uuid]
+        if d.vram:
+            for uuid in [u for u in self.vram if self.memory[u] >= d.vram]:
+                del self.vram[uuid]
+            self.free = [u for u in self.free if self.memory[u] < d.vram]
         for name, amount in d.pools:
             self.pools[name] -= min(amount, self.pools.get(name, 0))
 
-    def give_back(self, c: Claim, memory: dict[str, int]) -> None:
+    def give_back(self, c: Claim) -> None:
         """As if ``c`` had released (for planning a reclaim)."""
         if c.shared:
             self.vram[c.gpus[0]] = self.vram.get(c.gpus[0], 0) + c.demand.vram
         else:
             for uuid in c.gpus:
                 self.free.append(uuid)
-                self.vram[uuid] = memory[uuid]
+                self.vram[uuid] = self.memory[uuid]
             self.free.sort()
         for name, amount in c.demand.pools:
             self.pools[name] += amount
@@ -254,9 +263,7 @@ class Ledger:
         claim = self.get(claim_id)
         self._free(claim)
         del self.claims[claim_id]
-        events: list[Event] = [ClaimReleased(claim, reason)]
-        events += self._withdraw_asks_for(claim.id)
-        return events + self._schedule(busy)
+        return [ClaimReleased(claim, reason), *self._schedule(busy)]
 
     def owner_died(self, claim_id: str, now_usec: int = 0,
                    busy: frozenset[str] = frozenset()) -> list[Event]:
@@ -319,6 +326,10 @@ class Ledger:
             if claim.state == GRANTED:
                 self._hold(claim, claim.gpus if not claim.shared else (), claim.gpus[0] if claim.shared else "")
             self._seq = max(self._seq, claim.seq)
+        waiting = {c.id for c in self.claims.values() if c.state == QUEUED}
+        for claim in self.claims.values():  # asks for a waiter that did not come back
+            if claim.reclaim_for not in waiting:
+                claim.reclaim_for = ""
         return refused
 
     # -- the walk --------------------------------------------------------------------
@@ -328,14 +339,14 @@ class Ledger:
         vram = {u: self.gpus[u].memory_bytes - self.vram_used(u)
                 for u in self.gpus if u not in self._holder and (u in usable or self._shares.get(u))}
         pools = {name: self.pool_free(name) for name in self.pools}
-        return _View(usable, vram, pools, busy_free=len(free) - len(usable))
+        memory = {u: g.memory_bytes for u, g in self.gpus.items()}
+        return _View(usable, vram, pools, memory, busy_free=len(free) - len(usable))
 
     def _schedule(self, busy: frozenset[str]) -> list[Event]:
         queue = self.queue()
-        if not queue:
-            return []
-        view = self._view(busy)
         events: list[Event] = []
+        plan: dict[str, Claim] = {}  # claim asked back -> the waiter it makes room for
+        view = self._view(busy) if queue else None
         for claim in queue:
             placed = view.place(claim.demand)
             if placed is not None:
@@ -344,20 +355,19 @@ class Ledger:
                 claim.state = GRANTED
                 self._no_wait.discard(claim.id)
                 events.append(ClaimGranted(claim))
-                events += self._withdraw_asks_for(claim.id)
-                continue
-            if claim.id not in self._no_wait:
-                events += self._ask_back_for(claim, view)
-            view.reserve(claim.demand)
-        return events
+            elif claim.id not in self._no_wait:  # a request that does not wait just leaves
+                for asked in self._reclaim_plan(claim, view, plan):
+                    plan[asked.id] = claim
+                view.reserve(claim.demand)
+        return events + self._ask_back(plan)
 
-    def _ask_back_for(self, waiter: Claim, view: _View) -> list[Event]:
-        """Ask back as few reclaimable lower-priority claims as let ``waiter`` fit."""
-        memory = {u: g.memory_bytes for u, g in self.gpus.items()}
+    def _reclaim_plan(self, waiter: Claim, view: _View, taken: dict[str, Claim]) -> list[Claim]:
+        """As few reclaimable claims of lower priority than ``waiter`` (lowest first, newest
+        first among equals, none already planned for a waiter ahead) as let it fit."""
         candidates = sorted(
             (c for c in self.claims.values()
              if c.state == GRANTED and c.reclaimable and c.priority < waiter.priority
-             and c.reclaim_for in ("", waiter.id)),
+             and c.id not in taken),
             key=lambda c: (c.priority, -c.seq),
         )
         chosen: list[Claim] = []
@@ -365,34 +375,29 @@ class Ledger:
         for c in candidates:
             if trial.place(waiter.demand) is not None:
                 break
-            trial.give_back(c, memory)
+            trial.give_back(c)
             chosen.append(c)
         if trial.place(waiter.demand) is None:
-            chosen = []  # asking back cannot make it fit: ask nobody
+            return []  # asking back cannot make it fit: ask nobody
         for c in reversed(list(chosen)):  # keep only those that are needed
             without = view.copy()
             for other in chosen:
                 if other is not c:
-                    without.give_back(other, memory)
+                    without.give_back(other)
             if without.place(waiter.demand) is not None:
                 chosen.remove(c)
-        events: list[Event] = []
-        for c in chosen:
-            if c.reclaim_for != waiter.id:
-                c.reclaim_for = waiter.id
-                events.append(ReclaimAsked(c, waiter))
-        for c in self.claims.values():
-            if c.reclaim_for == waiter.id and c not in chosen:
-                c.reclaim_for = ""
-                events.append(ReclaimWithdrawn(c))
-        return events
+        return chosen
 
-    def _withdraw_asks_for(self, waiter_id: str) -> list[Event]:
+    def _ask_back(self, plan: dict[str, Claim]) -> list[Event]:
+        """Make the standing reclaim requests those of ``plan``; events for what changed."""
         events: list[Event] = []
         for c in self.claims.values():
-            if c.reclaim_for == waiter_id:
-                c.reclaim_for = ""
-                events.append(ReclaimWithdrawn(c))
+            waiter = plan.get(c.id)
+            wanted = waiter.id if waiter else ""
+            if c.reclaim_for == wanted:
+                continue
+            c.reclaim_for = wanted
+            events.append(ReclaimAsked(c, waiter) if waiter else ReclaimWithdrawn(c))
         return events
 
     # -- holding ---------------------------------------------------------------------
@@ -448,7 +453,8 @@ class Ledger:
         if len(free_view.free) < d.gpus:
             if len(free_view.free) + free_view.busy_free >= d.gpus:
                 return GPUsBusy(f"{d.gpus} GPU(s) requested, {len(free_view.free) + free_view.busy_free} "
-                                f"unclaimed but {free_view.busy_free} of them run processes nobody claimed")
+                                f"unclaimed but {free_view.busy_free} of them run processes nobody "
+                                f"claimed{after}")
             return NotEnoughGPUs(f"{d.gpus} GPU(s) requested, {len(free_view.free)} free{after}")
         for name, amount in d.pools:
             unit = self.pools[name].unit

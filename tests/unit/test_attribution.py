@@ -4,9 +4,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from resourced.core.attribution import (
-    Attribution, ProcInfo, attribute, claim_processes, descendants,
+    Attribution,
+    ProcInfo,
+    attribute,
+    claim_processes,
+    descendants,
 )
-from resourced.core.claims import Claim, ProcessRef
+from resourced.core.claims import Claim, Demand, ProcessRef
 
 
 def table(*rows: ProcInfo) -> dict[int, ProcInfo]:
@@ -23,9 +27,9 @@ def ref(pid: int, start: int | None = None) -> ProcessRef:
 
 
 def claim(claim_id: str, owner: ProcessRef, members=(), owner_alive=True, mode="dev") -> Claim:
-    return Claim(id=claim_id, mode=mode, gpus=("GPU-0",), owner=owner, uid=1000, user="alice",
-                 label="", task_name="", created_usec=0, owner_alive=owner_alive,
-                 members=frozenset(members))
+    return Claim(id=claim_id, mode=mode, demand=Demand.of(gpus=1), owner=owner, uid=1000,
+                 user="alice", label="", task_name="", created_usec=0, gpus=("GPU-0",),
+                 owner_alive=owner_alive, members=frozenset(members))
 
 
 # init(1) -> shell(10) -> python(11) -> worker(12), worker(13) -> grandchild(14); other(20)

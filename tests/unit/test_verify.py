@@ -2,12 +2,20 @@
 
 import pytest
 
-from resourced.core.claims import ClaimRequest, ProcessRef
+from resourced.core.claims import ClaimRequest, Demand, ProcessRef
 from resourced.core.inventory import Gpu
 from resourced.core.ledger import ClaimReleased, Ledger, MembersChanged, OwnerDied
 from resourced.core.verify import (
-    FOREIGN_PROCESS, IDLE_CLAIM, MISSING, OK, PROBLEMS, UNCLAIMED_USE, UNKNOWN, GpuReport,
-    SeenProcess, verify,
+    FOREIGN_PROCESS,
+    IDLE_CLAIM,
+    MISSING,
+    OK,
+    PROBLEMS,
+    UNCLAIMED_USE,
+    UNKNOWN,
+    GpuReport,
+    SeenProcess,
+    verify,
 )
 
 OWNER = ProcessRef(4242, 1000)
@@ -15,6 +23,7 @@ WORKER = ProcessRef(4300, 1100)
 HELPER = ProcessRef(4301, 1101)
 NOW = 1_700_000_000_000_000
 SECOND = 1_000_000
+GIB = 1 << 30
 
 
 def uuid(i: int) -> str:
@@ -23,14 +32,18 @@ def uuid(i: int) -> str:
 
 @pytest.fixture
 def ledger() -> Ledger:
-    return Ledger([Gpu(index=i, uuid=uuid(i), name="Test GPU", alias="big" if i == 3 else "")
+    return Ledger([Gpu(index=i, uuid=uuid(i), name="Test GPU", memory_bytes=80 * GIB,
+                       alias="big" if i == 3 else "")
                    for i in range(4)])
 
 
-def grant(ledger: Ledger, claim_id: str, mode: str = "dev", gpus: int = 1, owner=OWNER):
-    request = ClaimRequest(gpus=gpus, mode=mode, owner=owner, uid=1000, user="alice")
-    [event] = ledger.grant(request, claim_id, NOW)
-    return event.claim
+def grant(ledger: Ledger, claim_id: str, mode: str = "dev", gpus: int = 1, owner=OWNER,
+          vram: int = 0, wait: bool = False):
+    demand = Demand.of(0 if vram else gpus, vram)
+    request = ClaimRequest(demand=demand, mode=mode, owner=owner, uid=1000, user="alice")
+    events, refusal = ledger.submit(request, claim_id, NOW, wait=wait)
+    assert refusal is None
+    return events[0].claim
 
 
 def idle(ledger: Ledger) -> dict[str, list[SeenProcess]]:
@@ -107,6 +120,63 @@ def test_an_ambiguous_process_alone_on_a_claimed_gpu_is_foreign(ledger):
     seen = idle(ledger)
     seen[uuid(0)] = [SeenProcess(779, ambiguous="runs in another pid namespace")]
     assert verify(ledger, seen)[0].status == FOREIGN_PROCESS
+
+
+# -- shared GPUs ----------------------------------------------------------------------------
+
+
+def test_a_shared_gpu_names_every_sharing_claim_and_their_processes_are_not_foreign(ledger):
+    grant(ledger, "sb", vram=10 * GIB)
+    grant(ledger, "sa", vram=10 * GIB)
+    seen = idle(ledger)
+    seen[uuid(0)] = [SeenProcess(4242, claim_id="sb"), SeenProcess(4300, claim_id="sa")]
+    reports = verify(ledger, seen)
+    assert (reports[0].status, reports[0].claim_id) == (OK, "sa,sb")
+    assert [r.status for r in reports[1:]] == [OK, OK, OK]
+
+
+def test_a_shared_gpu_running_one_sharers_process_is_ok_and_with_none_is_idle(ledger):
+    grant(ledger, "sa", vram=10 * GIB)
+    grant(ledger, "sb", vram=10 * GIB)
+    seen = idle(ledger)
+    assert verify(ledger, seen)[0].status == IDLE_CLAIM
+    seen[uuid(0)] = [SeenProcess(4242, claim_id="sb")]
+    assert verify(ledger, seen)[0].status == OK
+
+
+@pytest.mark.parametrize("intruder", [
+    SeenProcess(777, uid=1001, user="bob", command="python sneaky.py"),
+    SeenProcess(778, claim_id="whole"),
+    SeenProcess(779, ambiguous="runs in another pid namespace"),
+], ids=["no-claim", "claim-elsewhere", "nested-namespace"])
+def test_a_process_of_no_sharing_claim_on_a_shared_gpu_is_foreign(ledger, intruder):
+    grant(ledger, "sa", vram=10 * GIB)
+    grant(ledger, "whole")
+    seen = idle(ledger)
+    seen[uuid(0)] = [SeenProcess(4242, claim_id="sa"), intruder]
+    reports = verify(ledger, seen)
+    assert (reports[0].status, reports[0].claim_id) == (FOREIGN_PROCESS, "sa")
+    assert (reports[1].status, reports[1].claim_id) == (IDLE_CLAIM, "whole")
+
+
+def test_a_queued_claim_is_on_no_gpu_and_its_processes_are_foreign_or_unclaimed(ledger):
+    grant(ledger, "all", gpus=3)
+    grant(ledger, "w", gpus=2, wait=True)
+    seen = idle(ledger)
+    seen[uuid(0)] = [SeenProcess(4242, claim_id="w")]
+    seen[uuid(3)] = [SeenProcess(4243, claim_id="w")]
+    reports = verify(ledger, seen)
+    assert [(r.status, r.claim_id) for r in reports] == [
+        (FOREIGN_PROCESS, "all"), (IDLE_CLAIM, "all"), (IDLE_CLAIM, "all"), (UNCLAIMED_USE, "")]
+
+
+def test_every_sharer_is_named_when_the_driver_does_not_answer_or_the_gpu_is_missing(ledger):
+    grant(ledger, "sa", vram=10 * GIB)
+    grant(ledger, "sb", vram=10 * GIB)
+    assert verify(ledger, None, "down")[0].claim_id == "sa,sb"
+    seen = idle(ledger)
+    del seen[uuid(0)]
+    assert (verify(ledger, seen)[0].status, verify(ledger, seen)[0].claim_id) == (MISSING, "sa,sb")
 
 
 def test_a_managed_gpu_the_driver_does_not_report_is_missing_and_keeps_its_claim(ledger):
@@ -239,6 +309,12 @@ def test_a_grace_of_zero_never_releases_a_dead_owners_claim(ledger, grace):
     grant(ledger, "dev")
     ledger.owner_died("dev", NOW)
     assert ledger.dead_owner_claims(NOW + 10**12, grace) == []
+
+
+def test_a_dead_owners_shared_claim_is_due_like_a_whole_one(ledger):
+    shared = grant(ledger, "shared", vram=GIB)
+    ledger.owner_died("shared", NOW)
+    assert ledger.dead_owner_claims(NOW + SECOND, SECOND) == [shared]
 
 
 def test_dead_owner_claims_are_none_without_claims(ledger):
