@@ -8,7 +8,6 @@ The examples at the end are the smallest cases of bugs these properties found (a
 
 from dataclasses import dataclass
 
-import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
