@@ -55,7 +55,7 @@ def daemon_on_private_bus(gpus: int = 8, args: tuple[str, ...] = (), runtime_par
             [sys.executable, "-m", "resourced.daemon", "--session", *args],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )
-        _wait_ready(proc, log)
+        wait_ready(proc, log)
         yield bus
     finally:
         if proc is not None and proc.poll() is None:
@@ -83,7 +83,7 @@ def _tmpfs() -> str | None:
     return None
 
 
-def _wait_ready(proc: subprocess.Popen, log) -> None:
+def wait_ready(proc: subprocess.Popen, log) -> None:
     """Poll with a ping until the daemon answers; give up after READY_TIMEOUT seconds."""
     from resourced import Client
 

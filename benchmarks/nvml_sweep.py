@@ -39,11 +39,10 @@ import sys
 import tempfile
 import time
 
-from _harness import clean_env, machine_line, summary
+from _harness import clean_env, machine_line, summary, wait_ready
 
 from resourced.privatebus import PrivateBus
 
-READY_TIMEOUT = 15.0
 MIB = 1024 * 1024
 
 
@@ -152,7 +151,7 @@ def daemon(setting: str, workdir: str):
                              "--config", config], env=env, stdout=log, stderr=subprocess.STDOUT)
     os.environ["DBUS_SESSION_BUS_ADDRESS"] = bus.address
     try:
-        _wait_ready(proc, log)
+        wait_ready(proc, log)
         yield proc
     finally:
         proc.terminate()
@@ -169,23 +168,6 @@ def daemon(setting: str, workdir: str):
             os.environ["DBUS_SESSION_BUS_ADDRESS"] = saved
 
 
-def _wait_ready(proc, log) -> None:
-    from resourced import Client
-
-    deadline = time.monotonic() + READY_TIMEOUT
-    while True:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"daemon exited with {proc.returncode}:\n{log.read()}")
-        try:
-            with Client(bus="session", timeout=1.0) as c:
-                c.ping()
-            return
-        except Exception:  # noqa: BLE001 - not up yet
-            if time.monotonic() > deadline:
-                log.seek(0)
-                raise RuntimeError(f"daemon not ready after {READY_TIMEOUT} s:\n{log.read()}")
-            time.sleep(0.02)
 
 
 def claim_release_interleaved(clients: dict, runs: int, warmup: int, block: int = 20):
