@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 
 from dbus_fast import BusType, Message, MessageType, NameFlag, RequestNameReply
-from dbus_fast.aio import MessageBus
 
 from . import __version__
 from .backends import select_backend
 from .bus.caller import remember_call
+from .bus.connection import DaemonBus
 from .bus.manager import ManagerInterface
 from .bus.names import BUS_NAME
 from .config import Config, ConfigError, find_config, load_config, reload_changes
@@ -151,7 +151,7 @@ async def serve(args: argparse.Namespace) -> int:
     config_path, config = load_startup_config(args)
     bus_type = BusType.SYSTEM if args.mode == "system" else BusType.SESSION
     try:
-        bus = await MessageBus(bus_type=bus_type).connect()
+        bus = await DaemonBus(bus_type=bus_type).connect()
     except (OSError, ValueError) as exc:
         raise StartupError(f"cannot connect to the {args.mode} bus: {exc}") from exc
     stop = asyncio.Event()

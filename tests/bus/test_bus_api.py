@@ -304,3 +304,27 @@ def test_an_unknown_bus_name_is_an_invalid_request(monkeypatch):
     monkeypatch.setenv("RESOURCED_BUS", "bogus")
     with pytest.raises(InvalidRequest):
         Client()
+
+
+def test_claims_are_announced_by_claim_new_not_by_object_manager_signals(daemon):
+    """dbus-fast would send InterfacesAdded/Removed from each claim's own path, where
+    object-manager clients never look; ClaimNew/ClaimRemoved are the contract, and
+    GetManagedObjects still lists the claims."""
+    async def scenario():
+        listener = await Peer.connect(daemon.bus.address)
+        caller = await Peer.connect(daemon.bus.address)
+        await listener.subscribe(f"type='signal',sender='{NAME}'")
+        claim_id, path, _ = await caller.claim(1)
+        managed = await caller.bus.call(Message(
+            destination=NAME, path=MANAGER_PATH, interface="org.freedesktop.DBus.ObjectManager",
+            member="GetManagedObjects"))
+        assert path in managed.body[0]
+        await caller.ok("Release", "st", [claim_id, 0])
+        await listener.wait_signal(manager_signal("ClaimRemoved"))
+        members = {m.member for m in listener.signals}
+        assert {"ClaimNew", "ClaimRemoved"} <= members
+        assert not members & {"InterfacesAdded", "InterfacesRemoved"}
+        listener.close()
+        caller.close()
+
+    run(scenario())
