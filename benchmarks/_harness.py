@@ -11,10 +11,21 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 from resourced.privatebus import PrivateBus
 
 READY_TIMEOUT = 15.0
+
+
+@dataclass(frozen=True)
+class Rig:
+    bus: PrivateBus
+    daemon: subprocess.Popen
+
+    @property
+    def address(self) -> str:
+        return self.bus.address
 
 
 def clean_env(bus_address: str) -> dict[str, str]:
@@ -30,8 +41,11 @@ def clean_env(bus_address: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def daemon_on_private_bus(gpus: int = 8, args: tuple[str, ...] = (), runtime_parent: str | None = None):
-    """Yield the private bus with a ready daemon on it; stop both however the block ends.
+def daemon_on_private_bus(gpus: int | str = 8, args: tuple[str, ...] = (),
+                          runtime_parent: str | None = None):
+    """Yield a ``Rig`` (the private bus and the ready daemon's process on it); stop both
+    however the block ends.  ``gpus`` is ``RESOURCED_SIMULATED_GPUS``: a count, or the path
+    of a simulation file.
 
     This process's own environment points at the private bus for the duration, so that
     ``resourced.Client(bus="session")`` here finds it.  The daemon keeps its claims in a
@@ -56,7 +70,7 @@ def daemon_on_private_bus(gpus: int = 8, args: tuple[str, ...] = (), runtime_par
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )
         wait_ready(proc, log)
-        yield bus
+        yield Rig(bus, proc)
     finally:
         if proc is not None and proc.poll() is None:
             proc.terminate()

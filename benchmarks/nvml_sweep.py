@@ -39,9 +39,8 @@ import sys
 import tempfile
 import time
 
-from _harness import clean_env, machine_line, summary, wait_ready
+from _harness import daemon_on_private_bus, machine_line, summary
 
-from resourced.privatebus import PrivateBus
 
 MIB = 1024 * 1024
 
@@ -135,37 +134,13 @@ def nvml_report(runs: int) -> int:
 # -- the simulation -----------------------------------------------------------------------
 
 
-@contextlib.contextmanager
 def daemon(setting: str, workdir: str):
-    """A private bus with a daemon on it (simulation ``setting``); yields its process."""
-    bus = PrivateBus().start()
-    saved = os.environ.get("DBUS_SESSION_BUS_ADDRESS")
-    runtime = tempfile.mkdtemp(prefix="run-", dir=workdir)
+    """A private bus with a daemon on it (simulation ``setting``, an empty config so no
+    user config applies)."""
     config = os.path.join(workdir, "config.toml")
     with open(config, "w") as f:
         f.write("[daemon]\n")
-    log = tempfile.TemporaryFile(mode="w+")
-    env = {**clean_env(bus.address), "RESOURCED_SIMULATED_GPUS": setting,
-           "RESOURCED_RUNTIME_DIR": runtime}
-    proc = subprocess.Popen([sys.executable, "-m", "resourced.daemon", "--session",
-                             "--config", config], env=env, stdout=log, stderr=subprocess.STDOUT)
-    os.environ["DBUS_SESSION_BUS_ADDRESS"] = bus.address
-    try:
-        wait_ready(proc, log)
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        bus.stop()
-        log.close()
-        if saved is None:
-            os.environ.pop("DBUS_SESSION_BUS_ADDRESS", None)
-        else:
-            os.environ["DBUS_SESSION_BUS_ADDRESS"] = saved
+    return daemon_on_private_bus(setting, args=("--config", config), runtime_parent=workdir)
 
 
 
@@ -263,11 +238,11 @@ def simulated_report(n: int, p: int, runs: int, idle_seconds: float) -> int:
                   f"claim+release ({r['claim+release']['p50'] / base:.2f}x the baseline)")
 
         print(f"\ndaemon CPU time while idle for {idle_seconds:g} s (json busy):")
-        with daemon(busy_path, workdir) as proc:
-            none = idle_cpu(proc.pid, idle_seconds)
+        with daemon(busy_path, workdir) as rig:
+            none = idle_cpu(rig.daemon.pid, idle_seconds)
             with Client(bus="session") as c:
                 ref = c.claim(mode="dev", gpus=1, owner_pid=os.getpid())["allocation"]["ref"]
-                one = idle_cpu(proc.pid, idle_seconds)
+                one = idle_cpu(rig.daemon.pid, idle_seconds)
                 c.release(ref)
         for label, cpu in (("no claims", none), ("1 claim held (tracking sweep on)", one)):
             print(f"  {label:<36} {cpu * 1e3:8.0f} ms CPU  "
