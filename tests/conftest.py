@@ -27,6 +27,18 @@ def private_bus():
         yield bus
 
 
+def stop_process(proc: subprocess.Popen) -> int:
+    """SIGTERM, then SIGKILL after 10 s; the exit status."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return proc.returncode
+
+
 def eventually(predicate, timeout: float = 5.0, interval: float = 0.02):
     """Wait until ``predicate()`` is truthy; fail the test after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -78,15 +90,9 @@ class Daemon:
         return self.log_path.read_text()
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        code = stop_process(self.proc)
         self._log.close()
-        return self.proc.returncode
+        return code
 
 
 class _bus_env:

@@ -609,13 +609,13 @@ def test_run_waits_for_a_background_child_then_releases_with_a_warning(start_dae
 def test_run_warns_about_a_background_child_of_a_command_that_exits_at_once(start_daemon, sim,
                                                                             procs, tmp_path):
     start_daemon(gpus=sim.path)
-    leave_child = f"""
+    leave_child = """
 import json, os, subprocess, sys
 child = subprocess.Popen(["sleep", "30"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 data = json.load(open(sys.argv[1]))
 for g in data["gpus"]:
     if g["uuid"] == os.environ["RESOURCED_GPU_UUIDS"]:
-        g["processes"] = [{{"pid": child.pid}}]
+        g["processes"] = [{"pid": child.pid}]
 open(sys.argv[1] + ".new", "w").write(json.dumps(data))
 os.replace(sys.argv[1] + ".new", sys.argv[1])
 print(child.pid)

@@ -16,7 +16,7 @@ from dbus_fast.service import ServiceInterface, dbus_method, dbus_signal
 
 from resourced.privatebus import PrivateBus
 
-from ..conftest import eventually
+from ..conftest import eventually, stop_process
 
 DATA_OK = {"name": "data", "type": "disk", "path": "/data", "level": "OK", "reason": "fine",
            "free_bytes": 50, "total_bytes": 100, "free_pct": 50.0, "used_pct": 50.0,
@@ -160,15 +160,9 @@ class AgentProcess:
         eventually(seen, timeout)
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        code = stop_process(self.proc)
         self._log.close()
-        return self.proc.returncode
+        return code
 
 
 @pytest.fixture
