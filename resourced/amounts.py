@@ -4,14 +4,16 @@ The units are powers of 1024 (K, M, G, T, P), whichever way they are spelled: ``
 ``4Gi``, ``4GiB`` and ``4GB`` are all 4 * 1024**3, because nobody sizing a RAM pool means
 10**9.  A number without a unit is a plain count (CPUs, slots, bytes).  A fraction that
 does not come out as a whole number is rounded down (``"1.3K"`` is 1331), so an amount
-never promises more than was written.
+never promises more than was written.  Amounts above ``MAX_AMOUNT`` (2**63 - 1, what
+the bus and every pool arithmetic can carry) are refused: no machine has that much.
 """
 
 import re
 from fractions import Fraction
 
-__all__ = ["UNITS", "format_bytes", "parse_amount"]
+__all__ = ["MAX_AMOUNT", "UNITS", "format_bytes", "parse_amount"]
 
+MAX_AMOUNT = 2**63 - 1
 UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
 
 _AMOUNT = re.compile(
@@ -49,6 +51,8 @@ def parse_amount(text: str | int, *, allow_zero: bool = False) -> int:
         raise ValueError(f"must not be negative, not {text!r}")
     if value == 0 and not allow_zero:
         raise ValueError(f"must be greater than 0, not {text!r}")
+    if value > MAX_AMOUNT:
+        raise ValueError(f"too large: {text!r} (at most {MAX_AMOUNT})")
     return value
 
 

@@ -24,14 +24,16 @@ mean (``runtime_dir = ""`` is "the mode's default", for instance).
 
 import dataclasses
 import difflib
+import errno
 import math
 import os
 import re
+import stat
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .amounts import parse_amount
+from .amounts import MAX_AMOUNT, parse_amount
 
 __all__ = [
     "SYSTEM_CONFIG",
@@ -78,6 +80,8 @@ class DaemonConfig:
     dead_owner_grace: float = 600.0  # release a dead owner's claims after this; 0 = never
     access_group: str = "resourced"  # group allowed to use a shared (system) daemon
     persist: bool = True             # keep live claims across daemon restarts
+    max_claims_per_user: int = 1024  # live claims (granted or waiting) of one user; 0 = no limit
+    max_waiting_per_user: int = 64   # waiting claims of one user; 0 = no limit
 
 
 @dataclass(frozen=True)
@@ -163,12 +167,29 @@ def _named(name: str, variable: str | None) -> Path:
     by = f" (named by ${variable})" if variable else ""
     if not name:
         raise ConfigError("--config", None, "the file name is empty")
-    path = Path(name)
-    if not path.exists():
-        raise ConfigError(name, None, f"no such file{by}")
-    if path.is_dir():
-        raise ConfigError(name, None, f"is a directory, not a file{by}")
-    return path
+    try:
+        st = os.stat(name)
+    except OSError as exc:
+        raise ConfigError(name, None, _unreadable(exc) + by) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(name, None, f"{_kind(st.st_mode)}, not a regular file{by}")
+    return Path(name)
+
+
+def _unreadable(exc: OSError) -> str:
+    """Why a file cannot be opened, in words (a symlink loop is not "no such file")."""
+    if exc.errno == errno.ENOENT:
+        return "no such file"
+    if exc.errno == errno.ELOOP:
+        return "a loop of symbolic links"
+    return f"cannot read: {exc.strerror or exc}"
+
+
+def _kind(mode: int) -> str:
+    kinds = {stat.S_ISDIR: "is a directory", stat.S_ISFIFO: "is a FIFO (named pipe)",
+             stat.S_ISSOCK: "is a socket", stat.S_ISCHR: "is a character device",
+             stat.S_ISBLK: "is a block device"}
+    return next((text for test, text in kinds.items() if test(mode)), "is a special file")
 
 
 def _user_config(environ) -> Path | None:
@@ -192,14 +213,30 @@ def load_config(path: Path | None) -> Config:
         return Config()
     source = str(path)
     try:
-        data = Path(path).read_bytes()
+        data = _read_regular(path)
     except OSError as exc:
-        raise ConfigError(source, None, f"cannot read: {exc.strerror or exc}") from exc
+        raise ConfigError(source, None, _unreadable(exc)) from exc
+    except _Bad as exc:
+        raise ConfigError(source, None, str(exc)) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(source, None, f"not UTF-8 text (byte {exc.start})") from exc
     return parse_config(text.removeprefix("\ufeff"), source)
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of a regular file; anything else (a FIFO would block forever) is refused
+    before a single byte is read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _Bad(f"{_kind(mode)}, not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read()
+    finally:
+        os.close(fd)
 
 
 _TOML_WHERE = re.compile(
@@ -218,6 +255,8 @@ def parse_config(text: str, source: str) -> Config:
             f"invalid TOML {m['where']}: {m['message']}" if m else f"invalid TOML: {message}"
         )
         raise ConfigError(source, None, problem) from None
+    except RecursionError:
+        raise ConfigError(source, None, "invalid TOML: arrays or tables nested too deeply") from None
     return _Checker(source).config(doc)
 
 
@@ -296,8 +335,9 @@ def _capacity(value):
     try:
         if isinstance(value, (str, int)) and not isinstance(value, bool):
             return parse_amount(value)
-    except ValueError:
-        pass
+    except ValueError as exc:
+        if str(exc).startswith("too large"):
+            raise _Bad(f"must be at most {MAX_AMOUNT}, not {_show(value)}") from None
     raise _Bad(f'must be a positive whole number or an amount like "64G", not {_show(value)}')
 
 
@@ -326,6 +366,8 @@ _DAEMON = {
     "dead_owner_grace": (_number(0), False),
     "access_group": (_string(_GROUP, "a valid group name"), False),
     "persist": (_boolean, False),
+    "max_claims_per_user": (_index, False),
+    "max_waiting_per_user": (_index, False),
 }
 _GPU = {
     "uuid": (_string(r"\S+", "a non-empty string without spaces"), True),

@@ -383,8 +383,8 @@ def test_load_config_names_the_file(tmp_path):
         load_config(path)
 
 
-def test_load_config_unreadable(tmp_path):
-    with pytest.raises(ConfigError, match="cannot read") as info:
+def test_load_config_missing(tmp_path):
+    with pytest.raises(ConfigError, match="no such file$") as info:
         load_config(tmp_path / "missing.toml")
     assert str(info.value).startswith(str(tmp_path / "missing.toml") + ": ")
 

@@ -1,6 +1,9 @@
 """gpuctl config check, run as a real process."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -157,3 +160,50 @@ def test_the_command_loads_no_bus_library():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def _deep(path: Path) -> None:
+    path.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _loop(path: Path) -> None:
+    os.symlink(path.name + ".other", path)
+    os.symlink(path.name, path.with_name(path.name + ".other"))
+
+
+def _huge_pool(path: Path) -> None:
+    path.write_text('[[pool]]\nname = "big"\ncapacity = "99999999999P"\n')
+
+
+def _directory(path: Path) -> None:
+    path.mkdir()
+
+
+BAD_FILES = [
+    (_deep, "invalid TOML: arrays or tables nested too deeply"),
+    (_fifo, "is a FIFO (named pipe), not a regular file"),
+    (_loop, "a loop of symbolic links"),
+    (_huge_pool, "pool[0].capacity: must be at most 9223372036854775807"),
+    (_directory, "is a directory, not a regular file"),
+]
+
+
+@pytest.mark.parametrize("make, says", BAD_FILES, ids=lambda v: getattr(v, "__name__", None))
+@pytest.mark.parametrize("how", ["config check", "resourced --config"])
+def test_a_file_that_cannot_be_a_config_is_refused_at_once(tmp_path, make, says, how):
+    """Each in one line with exit 2, and at once: a FIFO is never opened for a blocking read."""
+    path = tmp_path / "config.toml"
+    make(path)
+    if how == "config check":
+        result = check(str(path))
+        assert_one_error_line(result, f"{path}: {says}")
+    else:
+        result = subprocess.run([sys.executable, "-m", "resourced.daemon", "--session", "--config",
+                                 str(path)], capture_output=True, text=True, timeout=30)
+        assert result.returncode == 2, result
+        assert f"{path}: {says}" in result.stderr
+        assert "Traceback" not in result.stderr
