@@ -79,10 +79,36 @@ def _amount(value) -> int:
         raise InvalidRequest(str(exc)) from None
 
 
+def _whole(name: str, value, low: int, high: int) -> int:
+    """A whole number the bus can carry, or InvalidRequest (never a struct.error later)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidRequest(f"{name} must be a whole number from {low} to {high}, not {value!r}")
+    return value
+
+
+def _text(name: str, value) -> str:
+    """A string the bus accepts: D-Bus strings are UTF-8 without NUL (the bus drops a
+    connection that sends one)."""
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{name} must be a string, not {value!r}")
+    if "\0" in value:
+        raise InvalidRequest(f"{name} must not contain a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest(f"{name} is not valid UTF-8 text") from None
+    return value
+
+
+UINT32_MAX = 2**32 - 1
+INT32 = (-(2**31), 2**31 - 1)
+
+
 def demand_options(gpus: int = 0, vram=None, ram=None, cpu=None, pools=None) -> tuple[int, dict]:
     """(gpus, options) for Claim from friendly arguments: amounts like ``"4G"`` or ints."""
     options = {}
-    amounts = {name: _amount(v) for name, v in (pools or {}).items()}
+    gpus = _whole("gpus", gpus, 0, UINT32_MAX)
+    amounts = {_text("pool name", name): _amount(v) for name, v in (pools or {}).items()}
     if ram is not None:
         amounts["ram"] = _amount(ram)
     if cpu is not None:
@@ -115,30 +141,33 @@ class _Base:
                        member_pids=(), vram=None, ram=None, cpu=None, pools=None,
                        priority=0, wait=False, timeout=None, reclaimable=False):
         gpus, options = demand_options(gpus, vram, ram, cpu, pools)
-        options["Mode"] = ("s", mode)
+        options["Mode"] = ("s", _text("mode", mode))
         if owner_pid is not None:
-            options["OwnerPID"] = ("u", owner_pid)
+            options["OwnerPID"] = ("u", _whole("owner pid", owner_pid, 1, UINT32_MAX))
         if member_pids:
-            options["MemberPIDs"] = ("au", list(member_pids))
+            options["MemberPIDs"] = ("au", [_whole("member pid", p, 1, UINT32_MAX)
+                                            for p in member_pids])
         if label:
-            options["Label"] = ("s", label)
+            options["Label"] = ("s", _text("label", label))
         if task_name:
-            options["TaskName"] = ("s", task_name)
+            options["TaskName"] = ("s", _text("task name", task_name))
         if priority:
-            options["Priority"] = ("i", priority)
+            options["Priority"] = ("i", _whole("priority", priority, *INT32))
         if wait:
             options["Wait"] = ("b", True)
         if timeout is not None:
+            if not 0 <= timeout < 2**63 / 1e6:
+                raise InvalidRequest(f"timeout must be a number of seconds of at least 0, not {timeout!r}")
             options["QueueTimeoutUSec"] = ("t", int(timeout * 1e6))
         if reclaimable:
             options["Reclaimable"] = ("b", True)
         return self._call("Claim", "ua{sv}", (gpus, options))
 
     def _release_message(self, ref: str, force: bool):
-        return self._call("Release", "st", (ref, RELEASE_FORCE if force else 0))
+        return self._call("Release", "st", (_text("reference", ref), RELEASE_FORCE if force else 0))
 
     def _release_gpu_message(self, gpu: str, reason: str):
-        return self._call("ReleaseGPU", "ss", (gpu, reason))
+        return self._call("ReleaseGPU", "ss", (_text("GPU", gpu), _text("reason", reason)))
 
     @staticmethod
     def _get_property(name: str, path: str = MANAGER_PATH, interface: str = MANAGER_IFACE):

@@ -9,7 +9,7 @@ import click
 
 from ._options import Amount, Duration, PoolAmount, bus_option, client, emit_json, json_option
 
-UINT32_MAX = 2**32 - 1  # what a D-Bus 'u' can carry
+UINT32_MAX = 2**32 - 1  # what a D-Bus 'u' can carry (the client checks it too)
 INT32 = click.IntRange(-2**31, 2**31 - 1)
 
 
@@ -38,6 +38,11 @@ def demand(gpus, vram, ram, cpu, pools) -> dict:
     """claim() keyword arguments; one whole GPU when nothing at all is asked for."""
     if gpus is None and vram is None and ram is None and cpu is None and not pools:
         gpus = 1
+    names = [name for name, _ in pools]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise click.UsageError(f"--pool {', '.join(twice)} given more than once; give each "
+                               "pool once, with the whole amount")
     return dict(gpus=gpus or 0, vram=vram, ram=ram, cpu=cpu, pools=dict(pools))
 label_option = click.option("--label", default="", help="A short label shown in status.")
 task_option = click.option("--task-name", default="", help="What the GPUs are for.")
