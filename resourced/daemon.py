@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import signal
 import sys
 import time
@@ -172,10 +173,14 @@ async def serve(args: argparse.Namespace) -> int:
             raise StartupError(str(exc), EXIT_NAME_TAKEN) from exc
         except StoreError as exc:
             raise StartupError(str(exc), EXIT_FAILURE) from exc
+        try:
+            restored = store.load() if config.daemon.persist else {}
+        except (StoreError, OSError) as exc:
+            store.close()
+            raise StartupError(str(exc), EXIT_FAILURE) from exc
     except StartupError:
         bus.disconnect()
         raise
-    restored = store.load() if config.daemon.persist else {}
     engine = Engine(select_backend(), store if config.daemon.persist else None,
                     config.daemon, config.gpus, host_pools(config.pools))
     await engine.start(restored)
@@ -256,9 +261,18 @@ def _name_lost_watcher(stop: asyncio.Event):
     return handler
 
 
+def raise_file_limit() -> None:
+    """One pidfd per watched process: take the hard limit on open files, not the soft 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging()
+    raise_file_limit()
     try:
         return asyncio.run(serve(args))
     except StartupError as exc:

@@ -93,8 +93,29 @@ def prepare_runtime_dir(path: Path) -> Path:
     if st.st_uid != os.geteuid():
         raise StoreError(f"runtime directory {path} belongs to uid {st.st_uid}, not to us")
     if st.st_mode & 0o077:
+        log.warning("runtime directory %s was mode %04o; reset to 0700", path, st.st_mode & 0o7777)
         os.chmod(path, 0o700)
     return path
+
+
+def check_log_file(path: Path) -> None:
+    """The claims log must be a regular file of ours, private (0600): say what is wrong,
+    and reset a mode that let others read it."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StoreError(f"cannot use {path}: {exc.strerror}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        what = "a directory" if stat.S_ISDIR(st.st_mode) else "a symlink" if stat.S_ISLNK(
+            st.st_mode) else "not a regular file"
+        raise StoreError(f"{path} is {what}; move it away (the daemon keeps its claims there)")
+    if st.st_uid != os.geteuid():
+        raise StoreError(f"{path} belongs to uid {st.st_uid}, not to us; refusing it")
+    if st.st_mode & 0o077:
+        log.warning("%s was mode %04o; reset to 0600", path, st.st_mode & 0o7777)
+        os.chmod(path, 0o600)
 
 
 class ClaimStore:
@@ -125,6 +146,7 @@ class ClaimStore:
         return claims
 
     def _read(self) -> dict[str, Claim]:
+        check_log_file(self.path)
         try:
             lines = self.path.read_bytes().split(b"\n")
         except FileNotFoundError:

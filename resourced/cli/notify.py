@@ -41,6 +41,9 @@ SERVER_GONE = frozenset({
     "org.freedesktop.DBus.Error.Disconnected",
     "org.freedesktop.DBus.Error.Spawn.ServiceNotFound",
     "org.freedesktop.DBus.Error.Spawn.ChildExited",
+    "org.freedesktop.DBus.Error.Spawn.ChildSignaled",
+    "org.freedesktop.DBus.Error.Spawn.ExecFailed",
+    "org.freedesktop.DBus.Error.Spawn.Failed",
 })
 CALL_TIMEOUT = 25.0      # Notify may first start the server by bus activation
 KEEPALIVE_INTERVAL = 15.0

@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable
 
 from ..core.claims import ProcessRef
-from .processes import is_alive
+from .processes import is_alive, open_pidfd
 
 
 class ExitWatcher:
@@ -21,11 +21,13 @@ class ExitWatcher:
         self._fds: dict[str, int] = {}
 
     def watch(self, key, ref: ProcessRef) -> bool:
-        """Start watching; False (and no callback) if the process is already gone."""
+        """Start watching; False (and no callback) if the process is already gone.
+
+        Raises ``OSError`` when no pidfd can be had (``EMFILE``): that says nothing about
+        the process."""
         self.forget(key)
-        try:
-            fd = os.pidfd_open(ref.pid)
-        except OSError:  # gone (ESRCH), or a thread id rather than a process
+        fd = open_pidfd(ref.pid)
+        if fd is None:
             return False
         if not is_alive(ref):  # the pid was reused before we pinned it
             os.close(fd)

@@ -1,10 +1,36 @@
 """Processes as (pid, start time): reading /proc, and the boot they belong to."""
 
+import errno
 import os
 
 from ..core.claims import ProcessRef
 
 PROC = "/proc"
+GONE = (errno.ESRCH, errno.EINVAL)
+"""What pidfd_open says of a process that is not there (EINVAL: a thread id, not a
+process).  Anything else (EMFILE when the descriptor table is full, say) says nothing
+about the process and is raised: a live owner must never be taken for a dead one."""
+
+
+def pid_max() -> int:
+    """The largest pid the kernel hands out (``/proc/sys/kernel/pid_max``)."""
+    try:
+        with open(f"{PROC}/sys/kernel/pid_max", "rb") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 2**22  # the kernel's own ceiling on 64-bit machines
+
+
+def open_pidfd(pid: int) -> int | None:
+    """A pidfd for ``pid``, or None if no such process exists; other failures raise."""
+    if not 0 < pid <= pid_max():
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError as exc:
+        if exc.errno in GONE:
+            return None
+        raise
 
 
 def _stat_fields(pid: int) -> list[str]:
@@ -38,12 +64,10 @@ def process_ref(pid: int) -> ProcessRef | None:
 
 def pin_process(pid: int) -> tuple[ProcessRef, int] | None:
     """The live process ``pid`` and a pidfd pinning it, or None (gone, zombie, or a thread id:
-    pidfd_open refuses those).  One /proc read, where ``process_ref`` needs two."""
-    if pid <= 0:
-        return None
-    try:
-        fd = os.pidfd_open(pid)
-    except OSError:
+    pidfd_open refuses those).  One /proc read, where ``process_ref`` needs two.  Raises
+    ``OSError`` when the pidfd cannot be had for another reason (``EMFILE``)."""
+    fd = open_pidfd(pid)
+    if fd is None:
         return None
     try:
         fields = _stat_fields(pid)

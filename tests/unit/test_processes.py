@@ -1,14 +1,26 @@
 """Processes as (pid, start time), read from /proc: real processes, no mocks."""
 
+import asyncio
+import contextlib
+import errno
 import os
 import re
+import resource
 import subprocess
 import threading
 
 import pytest
 
 from resourced.core.claims import ProcessRef
-from resourced.evidence.processes import boot_id, is_alive, process_ref, process_uid
+from resourced.evidence.liveness import ExitWatcher
+from resourced.evidence.processes import (
+    boot_id,
+    is_alive,
+    pid_max,
+    pin_process,
+    process_ref,
+    process_uid,
+)
 
 TIMEOUT = 10
 
@@ -148,3 +160,49 @@ def test_boot_id_is_a_stable_lowercase_uuid():
     value = boot_id()
     assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", value)
     assert boot_id() == value
+
+
+# -- a full descriptor table says nothing about the process -----------------------------
+
+
+@contextlib.contextmanager
+def full_fd_table():
+    """This process's descriptor table filled up (the soft limit lowered meanwhile)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fds = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 16, hard))
+    try:
+        while True:
+            try:
+                fds.append(os.open("/dev/null", os.O_RDONLY))
+            except OSError:
+                break
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_pinning_a_live_process_with_no_descriptor_left_raises_not_gone():
+    with full_fd_table(), pytest.raises(OSError) as info:
+        pin_process(os.getpid())
+    assert info.value.errno == errno.EMFILE
+
+
+def test_watching_a_live_process_with_no_descriptor_left_raises_not_gone():
+    loop = asyncio.new_event_loop()
+    me = process_ref(os.getpid())
+    try:
+        watcher = ExitWatcher(loop, lambda key: None)
+        with full_fd_table(), pytest.raises(OSError) as info:
+            watcher.watch("me", me)
+        assert info.value.errno == errno.EMFILE
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("pid", [2**31, 2**32 - 1, 2**63])
+def test_a_pid_beyond_pid_max_is_no_process(pid):
+    assert pid > pid_max()
+    assert pin_process(pid) is None
