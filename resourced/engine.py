@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from .backends import Backend, NoGpus
 from .config import DaemonConfig, GpuEntry
-from .core.attribution import attribute, claim_processes, descendants
+from .core.attribution import attribute, children_of, claim_processes, descendants
 from .core.claims import QUEUED, Claim, ClaimRequest, Demand, ProcessRef
 from .core.inventory import Gpu
 from .core.ledger import (
@@ -42,6 +42,7 @@ from .core.verify import GpuReport, SeenProcess, verify
 from .errors import (
     Internal,
     InvalidRequest,
+    LimitExceeded,
     NoSuchClaim,
     NotClaimOwner,
     NotProcessOwner,
@@ -50,7 +51,7 @@ from .errors import (
 )
 from .evidence.gpuprobe import GpuEvidence, GpuProbe
 from .evidence.liveness import ExitWatcher
-from .evidence.processes import pin_process, process_uid
+from .evidence.processes import pid_max, pin_process, process_uid
 from .evidence.proctable import ancestry, command_line, read_table, user_name
 from .sd import audit
 from .threads import off_loop
@@ -102,7 +103,8 @@ class Engine:
         self.configured = configured
         self.pools = pools
         self.clock = clock
-        self._busy: frozenset[str] = frozenset()  # free GPUs the last probe found busy
+        self._serving: asyncio.Task | None = None  # a queue walk waiting for fresh evidence
+        self._busy_free: set[str] = set()  # free GPUs last found running strangers' processes
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self.ledger = Ledger([])
         self.present: list[Gpu] = []  # every GPU the backend reports, managed or not
@@ -113,6 +115,7 @@ class Engine:
         self._watcher: ExitWatcher | None = None
         self._tracker: asyncio.Task | None = None
         self._user_names: dict[int, str] = {}
+        self._unwatched: set[tuple[str, ProcessRef]] = set()  # to watch again at the next sweep
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self, restored: dict[str, Claim] | None = None) -> None:
@@ -143,14 +146,16 @@ class Engine:
         for claim in list(self.ledger.claims.values()):
             self._watch_claim(claim)
             self._arm_timeout(claim)
-        self._commit(self.ledger.schedule(self._busy))
+        self._commit(self.ledger.schedule(None))
+        self._serve_queue()
         if self.ledger.claims:
             log.info("restored %d claim(s)", len(self.ledger.claims))
         self._tracker = asyncio.ensure_future(self._track())
 
     def close(self) -> None:
-        if self._tracker:
-            self._tracker.cancel()
+        for task in (self._tracker, self._serving):
+            if task:
+                task.cancel()
         for timer in self._timers.values():
             timer.cancel()
         if self._watcher:
@@ -176,20 +181,23 @@ class Engine:
         ``member_pids`` are further processes of the caller that belong to the claim from
         the start (gpuctl run's wrapper, which adopts the command's orphans).  A queued
         claim leaves the queue after ``timeout`` seconds, or when its owner exits."""
+        self._check_limits(caller, wait)
         pinned = [_callers_process(caller, caller.pid if owner_pid is None else owner_pid, "owner")]
         try:
             pinned += [_callers_process(caller, pid, "member") for pid in member_pids]
             user = await self._user_name(caller.uid)
+            deadline = 0 if timeout is None else self.clock() + int(timeout * 1e6)
             request = ClaimRequest(demand=demand, mode=mode, owner=pinned[0][0], uid=caller.uid,
                                    user=user, label=label, task_name=task_name,
                                    members=frozenset(ref for ref, _ in pinned[1:]),
-                                   priority=priority, reclaimable=reclaimable)
-            warnings: list[str] = []
-            if demand.gpus or demand.vram:
-                self._busy, warnings = self._busy_gpus(await self.probe.processes())
+                                   priority=priority, reclaimable=reclaimable,
+                                   queue_deadline_usec=deadline)
+            busy, warnings = frozenset(), []
+            if demand.gpus or demand.vram or self.ledger.waiting_for_gpus():
+                busy, warnings = self._busy_gpus(await self.probe.processes())
             # The decision: synchronous from here on, on the ledger as it is now.
             claim_id = self._new_id()
-            events, refusal = self.ledger.submit(request, claim_id, self.clock(), self._busy, wait)
+            events, refusal = self.ledger.submit(request, claim_id, self.clock(), busy, wait)
         except BaseException as exc:
             for _, fd in pinned:
                 os.close(fd)
@@ -205,10 +213,22 @@ class Engine:
             raise refusal
         for ref, fd in pinned:
             self._watcher.watch_pidfd((claim.id, ref), fd)
-        if timeout is not None and claim.state == QUEUED:
-            claim.queue_deadline_usec = self.clock() + int(timeout * 1e6)
-            self._arm_timeout(claim)
+        self._arm_timeout(claim)
         return claim, warnings
+
+    def _check_limits(self, caller: Caller, wait: bool) -> None:
+        """Refuse a request past the caller's per-user limits, before any work (root is
+        exempt)."""
+        if caller.uid == 0:
+            return
+        claims, waiting = self.ledger.counts_of(caller.uid)
+        most, most_waiting = self.settings.max_claims_per_user, self.settings.max_waiting_per_user
+        if most and claims >= most:
+            raise LimitExceeded(f"uid {caller.uid} already has {claims} claims, the most one "
+                                f"user may have (max_claims_per_user); release some first")
+        if wait and most_waiting and waiting >= most_waiting:
+            raise LimitExceeded(f"uid {caller.uid} already has {waiting} waiting claims, the "
+                                f"most one user may have (max_waiting_per_user)")
 
     async def release(self, caller: Caller, claim_id: str, force: bool = False,
                       reason: str = "", admin: bool = False) -> list[str]:
@@ -220,19 +240,21 @@ class Engine:
         if claim.state == QUEUED:
             self._end(claim_id, "cancelled", caller, reason)
             return []
-        warnings = []
-        if not force:
-            evidence = await self.probe.processes()
-            in_use = await self._processes_on_gpus_of(self.ledger.get(claim_id), evidence)
-            self._check_owner(caller, self.ledger.get(claim_id), admin)  # re-validate
-            if evidence.known:
-                if in_use:
-                    listed = ", ".join(f"pid {pid} ({command_line(pid) or '?'})" for pid in in_use)
-                    raise StillInUse(f"claim {claim_id} still has processes on its GPUs: {listed}; "
-                                     "stop them, or release with --force")
-            else:
-                warnings.append(f"released without checking the GPUs: {evidence.reason}")
-        self._end(claim_id, "forced" if force else "released", caller, reason)
+        # The check runs forced or not, so that "forced" in the audit trail means it
+        # overrode something (a lease's own release is a plain release).
+        warnings, how = [], "released"
+        evidence = await self.probe.processes()
+        in_use = await self._processes_on_gpus_of(self.ledger.get(claim_id), evidence)
+        claim = self._check_owner(caller, self.ledger.get(claim_id), admin)  # re-validate
+        if not evidence.known:
+            warnings.append(f"released without checking the GPUs: {evidence.reason}")
+        elif in_use and not force:
+            listed = ", ".join(f"pid {pid} ({command_line(pid) or '?'})" for pid in in_use)
+            raise StillInUse(f"claim {claim_id} still has processes on its GPUs: {listed}; "
+                             "stop them, or release with --force")
+        if force and (in_use or reason or caller.uid != claim.uid):
+            how = "forced"
+        self._end(claim_id, how, caller, reason)
         return warnings
 
     def _arm_timeout(self, claim: Claim) -> None:
@@ -247,7 +269,8 @@ class Engine:
         claim = self.ledger.claims.get(claim_id)
         if claim is not None and claim.state == QUEUED:
             self._forget(claim)
-            self._commit(self.ledger.release(claim_id, "timeout", self._busy))
+            self._commit(self.ledger.release(claim_id, "timeout", busy=None))
+            self._serve_queue()
 
     def _audit_refusal(self, caller: Caller, demand: Demand, exc: ResourcedError) -> None:
         audit(f"refused {self.ledger.describe(demand)} to uid {caller.uid}: {exc.message}",
@@ -291,18 +314,40 @@ class Engine:
     def free_count(self) -> int:
         return len(self.ledger.free_gpus())
 
+    # -- the queue ---------------------------------------------------------------------
+    def _serve_queue(self) -> None:
+        """Walk the queue after something was freed, when a waiter wants GPUs (the ledger
+        walked it already for the others).  That walk grants GPUs on evidence gathered for
+        it, as fresh as the claim path's, never on an older look: a GPU may have started
+        running a stranger's process since."""
+        if self.ledger.waiting_for_gpus() and self._serving is None:
+            self._serving = asyncio.ensure_future(self._serve_with_evidence())
+
+    async def _serve_with_evidence(self) -> None:
+        try:
+            busy, _ = self._busy_gpus(await self.probe.processes())
+            self._commit(self.ledger.schedule(busy))
+        except Exception:
+            log.exception("serving the queue failed")
+        finally:
+            self._serving = None
+
     # -- evidence ----------------------------------------------------------------------
     def _busy_gpus(self, evidence: GpuEvidence) -> tuple[frozenset[str], list[str]]:
-        """Free GPUs that must not be granted (a process nobody claimed runs there, or the
-        driver does not report them), and warnings when the driver could not be asked."""
+        """GPUs that must not be granted (a process runs there, or the driver does not
+        report them), and warnings when the driver could not be asked.
+
+        Every GPU counts, not only those free now: one freed while the evidence was
+        awaited was not looked at for that decision, so it is not taken for idle."""
         if not evidence.known:
             log.warning("claim check skipped: %s", evidence.reason)
             return frozenset(), [f"granted without checking the GPUs: {evidence.reason}"]
-        busy = set()
-        for gpu in self.ledger.free_gpus():
-            procs = evidence.processes.get(gpu.uuid)
-            if procs is None or procs:
-                busy.add(gpu.uuid)
+        busy = {uuid for uuid in self.ledger.gpus if evidence.processes.get(uuid, None) != []}
+        busy_free = {g.uuid for g in self.ledger.free_gpus()} & busy
+        news, self._busy_free = busy_free - self._busy_free, busy_free  # say each once
+        for gpu in self.ledger.gpus.values():
+            if gpu.uuid in news:
+                procs = evidence.processes.get(gpu.uuid)
                 what = ("not reported by the driver" if procs is None else
                         "pids " + ", ".join(str(p.pid) for p in procs))
                 log.warning("%s is unclaimed but busy (%s); not granting it", gpu.label, what)
@@ -326,6 +371,8 @@ class Engine:
             if not self.ledger.claims:
                 continue
             try:
+                self._serve_queue()  # a GPU found busy before may be idle now
+                self._watch_again()
                 table = await self._off_loop(read_table)
                 self._adopt(table)
                 await self._release_dead_owners()
@@ -333,8 +380,9 @@ class Engine:
                 log.exception("tracking sweep failed")
 
     def _adopt(self, table) -> None:
+        children = children_of(table)
         for claim in list(self.ledger.claims.values()):
-            new = descendants(table, claim.processes()) - claim.members - {claim.owner}
+            new = descendants(table, claim.processes(), children) - claim.members - {claim.owner}
             if new:
                 self._commit(self.ledger.add_members(claim.id, new))
                 for ref in new:
@@ -363,8 +411,25 @@ class Engine:
             self._watch(claim.id, ref)
 
     def _watch(self, claim_id: str, ref: ProcessRef) -> None:
-        if not self._watcher.watch((claim_id, ref), ref):
-            self._process_exited((claim_id, ref))
+        """Watch a process of a claim; one that cannot be watched now (no descriptor left)
+        is kept as alive and tried again at the next sweep, never taken for dead."""
+        key = (claim_id, ref)
+        try:
+            watched = self._watcher.watch(key, ref)
+        except OSError as exc:
+            if key not in self._unwatched:
+                log.error("cannot watch pid %d of %s (%s); trying again", ref.pid, claim_id, exc)
+            self._unwatched.add(key)
+            return
+        self._unwatched.discard(key)
+        if not watched:
+            self._process_exited(key)
+
+    def _watch_again(self) -> None:
+        for claim_id, ref in list(self._unwatched):
+            self._unwatched.discard((claim_id, ref))
+            if claim_id in self.ledger.claims:
+                self._watch(claim_id, ref)
 
     def _process_exited(self, key: tuple[str, ProcessRef]) -> None:
         claim_id, ref = key
@@ -372,10 +437,11 @@ class Engine:
         if claim is None:
             return
         if ref == claim.owner:
-            self._commit(self.ledger.owner_died(claim_id, self.clock(), self._busy))
+            self._commit(self.ledger.owner_died(claim_id, self.clock(), busy=None))
         else:
-            self._commit(self.ledger.member_exited(claim_id, ref, self._busy))
+            self._commit(self.ledger.member_exited(claim_id, ref, busy=None))
         self._forget_ended()
+        self._serve_queue()
 
     def _forget(self, claim: Claim) -> None:
         for ref in claim.members | {claim.owner}:
@@ -394,7 +460,7 @@ class Engine:
     def _end(self, claim_id: str, how: str, caller: Caller | None, reason: str) -> None:
         claim = self.ledger.get(claim_id)
         self._forget(claim)
-        events = self.ledger.release(claim_id, how, self._busy)
+        events = self.ledger.release(claim_id, how, busy=None)
         if reason or how == "forced":
             who = f"uid {caller.uid}" if caller else "resourced"
             by_owner = caller is not None and caller.uid == claim.uid
@@ -402,6 +468,7 @@ class Engine:
                   priority=5 if by_owner else 4, claim=claim_id, uid=claim.uid,
                   gpu=",".join(claim.gpus), event=f"{how}-release", reason=reason)
         self._commit(events)
+        self._serve_queue()
 
     def _forget_ended(self) -> None:
         """Stop watching the processes of claims that ended."""
@@ -477,7 +544,15 @@ class Engine:
 def _callers_process(caller: Caller, pid: int, role: str) -> tuple[ProcessRef, int]:
     """The live process ``pid`` and a pidfd pinning it; it must be the caller's own (root
     may name any)."""
-    pinned = pin_process(pid)
+    highest = pid_max()
+    if not 0 < pid <= highest:
+        raise InvalidRequest(f"{role} pid {pid} is out of range: pids run from 1 to {highest}")
+    try:
+        pinned = pin_process(pid)
+    except OSError as exc:
+        log.error("cannot pin %s process %d: %s", role, pid, exc)
+        raise Internal(f"the daemon cannot watch process {pid} now ({exc.strerror}); "
+                       "see its log") from exc
     if pinned is None:
         raise InvalidRequest(f"{role} process {pid} does not exist")
     if caller.uid != 0 and process_uid(pid) != caller.uid:

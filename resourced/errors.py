@@ -14,6 +14,7 @@
     ├── AccessDenied                the bus or polkit said no
     ├── InteractionRequired         polkit would allow it after authentication
     ├── DaemonUnreachable           nobody owns org.resourced (client side only)
+    ├── LimitExceeded               a per-user limit (claims, waiting claims) is reached
     └── Internal                    anything unexpected; details are in the daemon's log
 
 The core raises these; the bus adapter turns ``code`` into a D-Bus error name
@@ -122,6 +123,12 @@ class DaemonUnreachable(ResourcedError):
     code = "DaemonUnreachable"
 
 
+class LimitExceeded(ResourcedError):
+    """The caller already has as many claims (or waiting claims) as one user may."""
+
+    code = "LimitExceeded"
+
+
 class Internal(ResourcedError):
     """An unexpected failure inside the daemon."""
 
@@ -142,6 +149,7 @@ ALL_ERRORS: tuple[type[ResourcedError], ...] = (
     AccessDenied,
     InteractionRequired,
     DaemonUnreachable,
+    LimitExceeded,
     Internal,
 )
 

@@ -57,7 +57,7 @@ def cli():
     Exit codes: 0 ok, 1 other error, 2 bad usage, 3 not enough GPUs, 4 GPUs busy with
     unknown processes, 5 daemon unreachable, 6 unknown or stale allocation, 7 not yours,
     8 access denied, 9 still in use, 10 systemd not running (gpuctl service), 11 queue
-    timeout, 130 interrupted. `gpuctl run` returns the command's own code (128+n for signal n).
+    timeout, 12 a per-user limit reached, 130 interrupted. `gpuctl run` returns the command's own code (128+n for signal n).
 
     Example: gpuctl run --gpus 1 -- python train.py
     """

@@ -7,6 +7,7 @@ from ..errors import (
     InteractionRequired,
     Internal,
     InvalidRequest,
+    LimitExceeded,
     NoSuchClaim,
     NoSuchPool,
     NotClaimOwner,
@@ -30,6 +31,7 @@ EXIT_ACCESS_DENIED = 8
 EXIT_STILL_IN_USE = 9
 EXIT_NO_SYSTEMD = 10  # gpuctl service: files written, but systemd is not running
 EXIT_QUEUE_TIMEOUT = 11
+EXIT_LIMIT = 12  # a per-user limit of the daemon's configuration
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 
 EXIT_CODES: dict[type[ResourcedError], int] = {
@@ -46,6 +48,7 @@ EXIT_CODES: dict[type[ResourcedError], int] = {
     AccessDenied: EXIT_ACCESS_DENIED,
     InteractionRequired: EXIT_ACCESS_DENIED,
     StillInUse: EXIT_STILL_IN_USE,
+    LimitExceeded: EXIT_LIMIT,
     Internal: EXIT_FAILURE,
 }
 

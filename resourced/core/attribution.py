@@ -35,11 +35,22 @@ class Attribution:
     ambiguous: str = ""  # why it cannot be attributed, when it cannot
 
 
-def descendants(table: Mapping[int, ProcInfo], roots: Iterable[ProcessRef]) -> set[ProcessRef]:
-    """Every living process below ``roots`` (roots that are no longer alive are skipped)."""
+def children_of(table: Mapping[int, ProcInfo]) -> dict[int, list[ProcInfo]]:
+    """pid -> its children: the index ``descendants`` walks, built once per table."""
     children: dict[int, list[ProcInfo]] = {}
     for info in table.values():
         children.setdefault(info.ppid, []).append(info)
+    return children
+
+
+def descendants(table: Mapping[int, ProcInfo], roots: Iterable[ProcessRef],
+                children: Mapping[int, list[ProcInfo]] | None = None) -> set[ProcessRef]:
+    """Every living process below ``roots`` (roots that are no longer alive are skipped).
+
+    Pass ``children_of(table)`` when asking for many roots of one table (a sweep over
+    every claim), so the index is built once rather than once per claim."""
+    if children is None:
+        children = children_of(table)
     found: set[ProcessRef] = set()
     stack = [r.pid for r in roots if r.pid in table and table[r.pid].ref == r]
     while stack:

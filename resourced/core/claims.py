@@ -58,6 +58,7 @@ class ClaimRequest:
     members: frozenset[ProcessRef] = frozenset()
     priority: int = 0
     reclaimable: bool = False
+    queue_deadline_usec: int = 0  # when waiting, leave the queue then; 0 = never
 
     def __post_init__(self):
         if self.mode not in MODES:

@@ -28,6 +28,8 @@ otherwise or goes away, the requests are withdrawn.
 Every mutation returns the events it caused; the caller persists, then publishes them.
 """
 
+import bisect
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -114,6 +116,13 @@ class _View:
             share = min(fitting)[1]  # the tightest fit keeps whole GPUs whole
         return tuple(self.free[: d.gpus]), share
 
+    def exhausted_for(self, d: Demand) -> bool:
+        """Nothing ``d`` asks for is left: it cannot be placed, and reserving for it would
+        change nothing (the walk skips such waiters in O(1))."""
+        if (d.gpus or d.vram) and (self.free or self.vram):
+            return False
+        return all(self.pools.get(name, 0) == 0 for name, _ in d.pools)
+
     def take(self, d: Demand, whole: tuple[str, ...], share: str) -> None:
         for uuid in whole:
             self.free.remove(uuid)
@@ -170,6 +179,12 @@ class Ledger:
         self._shares: dict[str, dict[str, int]] = {}   # GPU uuid -> claim id -> VRAM bytes
         self._used: dict[str, int] = {name: 0 for name in self.pools}
         self._no_wait: set[str] = set()                # queued for one walk only
+        self._queue: list[Claim] = []                  # waiting claims, in serving order
+        self._claims_of: Counter[int] = Counter()      # uid -> its claims, any state
+        self._waiting_of: Counter[int] = Counter()     # uid -> its waiting claims
+        self._gpu_waiting = 0                          # waiting claims that want GPUs/VRAM
+        self._reclaimable: set[str] = set()            # granted claims that may be asked back
+        self._asked: set[str] = set()                  # claims asked back now (reclaim_for)
         self._seq = 0
 
     # -- queries ---------------------------------------------------------------------
@@ -196,8 +211,18 @@ class Ledger:
 
     def queue(self) -> list[Claim]:
         """Waiting claims in the order they will be served."""
-        return sorted((c for c in self.claims.values() if c.state == QUEUED),
-                      key=lambda c: (-c.priority, c.seq))
+        return list(self._queue)
+
+    def queued_count(self) -> int:
+        return len(self._queue)
+
+    def waiting_for_gpus(self) -> bool:
+        """Whether a waiting claim wants GPUs or VRAM (a walk then needs fresh evidence)."""
+        return self._gpu_waiting > 0
+
+    def counts_of(self, uid: int) -> tuple[int, int]:
+        """(claims, waiting claims) of one user."""
+        return self._claims_of[uid], self._waiting_of[uid]
 
     def describe(self, d: Demand) -> str:
         """``2 GPU(s), ram 32G, cpu 8`` for logs and messages."""
@@ -243,8 +268,9 @@ class Ledger:
             task_name=request.task_name, created_usec=now_usec, priority=request.priority,
             reclaimable=request.reclaimable, state=QUEUED, seq=self._seq,
             members=request.members - {request.owner},
+            queue_deadline_usec=request.queue_deadline_usec if wait else 0,
         )
-        self.claims[claim_id] = claim
+        self._add(claim)
         if not wait:
             self._no_wait.add(claim_id)
         events = self._schedule(busy)
@@ -253,20 +279,24 @@ class Ledger:
         if wait:
             return [ClaimQueued(claim), *events], None
         refusal = self._refusal(claim, busy)
-        del self.claims[claim_id]
+        self._remove(claim)
         self._no_wait.discard(claim_id)
         return events, refusal
 
     def release(self, claim_id: str, reason: str = "released",
-                busy: frozenset[str] = frozenset()) -> list[Event]:
-        """End a claim (a queued one is cancelled) and serve the queue with what it frees."""
+                busy: frozenset[str] | None = frozenset()) -> list[Event]:
+        """End a claim (a queued one is cancelled) and serve the queue with what it frees.
+
+        ``busy=None`` (here and in the other changes) says the evidence about the GPUs is
+        not fresh: the queue is walked only if nobody in it waits for a GPU; else call
+        ``schedule`` once fresh evidence is at hand (``waiting_for_gpus``)."""
         claim = self.get(claim_id)
         self._free(claim)
-        del self.claims[claim_id]
+        self._remove(claim)
         return [ClaimReleased(claim, reason), *self._schedule(busy)]
 
     def owner_died(self, claim_id: str, now_usec: int = 0,
-                   busy: frozenset[str] = frozenset()) -> list[Event]:
+                   busy: frozenset[str] | None = frozenset()) -> list[Event]:
         """The owner is gone.  A queued claim is cancelled; a run claim ends once its
         members are gone too; a dev claim stays, marked dead."""
         claim = self.claims.get(claim_id)
@@ -290,7 +320,7 @@ class Ledger:
         return [MembersChanged(claim)]
 
     def member_exited(self, claim_id: str, ref: ProcessRef,
-                      busy: frozenset[str] = frozenset()) -> list[Event]:
+                      busy: frozenset[str] | None = frozenset()) -> list[Event]:
         """A member is gone; a run claim whose owner and members are all gone ends."""
         claim = self.claims.get(claim_id)
         if claim is None or ref not in claim.members:
@@ -310,7 +340,7 @@ class Ledger:
             and now_usec - c.owner_died_usec >= grace_usec
         ]
 
-    def schedule(self, busy: frozenset[str] = frozenset()) -> list[Event]:
+    def schedule(self, busy: frozenset[str] | None = frozenset()) -> list[Event]:
         """Serve the queue with what is free now (after the evidence changed, say)."""
         return self._schedule(busy)
 
@@ -322,7 +352,7 @@ class Ledger:
             if why:
                 refused.append((claim, why))
                 continue
-            self.claims[claim.id] = claim
+            self._add(claim)
             if claim.state == GRANTED:
                 self._hold(claim, claim.gpus if not claim.shared else (), claim.gpus[0] if claim.shared else "")
             self._seq = max(self._seq, claim.seq)
@@ -330,6 +360,8 @@ class Ledger:
         for claim in self.claims.values():  # asks for a waiter that did not come back
             if claim.reclaim_for not in waiting:
                 claim.reclaim_for = ""
+            if claim.reclaim_for:
+                self._asked.add(claim.id)
         return refused
 
     # -- the walk --------------------------------------------------------------------
@@ -342,37 +374,55 @@ class Ledger:
         memory = {u: g.memory_bytes for u, g in self.gpus.items()}
         return _View(usable, vram, pools, memory, busy_free=len(free) - len(usable))
 
-    def _schedule(self, busy: frozenset[str]) -> list[Event]:
+    def _schedule(self, busy: frozenset[str] | None) -> list[Event]:
+        if busy is None:
+            if self._gpu_waiting:
+                return []
+            busy = frozenset()  # nobody waits for a GPU: the evidence does not matter
         queue = self.queue()
         events: list[Event] = []
         plan: dict[str, Claim] = {}  # claim asked back -> the waiter it makes room for
         view = self._view(busy) if queue else None
+        candidates = self._reclaim_candidates()
         for claim in queue:
+            if view.exhausted_for(claim.demand) and (
+                    not candidates or candidates[0].priority >= claim.priority):
+                continue  # nothing it wants is left, and nothing may be asked back for it
             placed = view.place(claim.demand)
             if placed is not None:
                 view.take(claim.demand, *placed)
+                self._unqueue(claim)
                 self._hold(claim, *placed)
                 claim.state = GRANTED
+                claim.queue_deadline_usec = 0
                 self._no_wait.discard(claim.id)
                 events.append(ClaimGranted(claim))
             elif claim.id not in self._no_wait:  # a request that does not wait just leaves
-                for asked in self._reclaim_plan(claim, view, plan):
+                for asked in self._reclaim_plan(claim, view, plan, candidates):
                     plan[asked.id] = claim
                 view.reserve(claim.demand)
         return events + self._ask_back(plan)
 
-    def _reclaim_plan(self, waiter: Claim, view: _View, taken: dict[str, Claim]) -> list[Claim]:
-        """As few reclaimable claims of lower priority than ``waiter`` (lowest first, newest
-        first among equals, none already planned for a waiter ahead) as let it fit."""
-        candidates = sorted(
-            (c for c in self.claims.values()
-             if c.state == GRANTED and c.reclaimable and c.priority < waiter.priority
-             and c.id not in taken),
-            key=lambda c: (c.priority, -c.seq),
-        )
+    def _reclaim_candidates(self) -> list[Claim]:
+        """The granted reclaimable claims in the order they are asked back: lowest priority
+        first, newest first among equals (sorted once per walk: what the walk grants has
+        no lower priority than the waiters after it, so it is never a candidate for them)."""
+        return sorted((self.claims[c] for c in self._reclaimable),
+                      key=lambda c: (c.priority, -c.seq))
+
+    def _reclaim_plan(self, waiter: Claim, view: _View, taken: dict[str, Claim],
+                      candidates: list[Claim]) -> list[Claim]:
+        """As few reclaimable claims of lower priority than ``waiter`` (``candidates`` in
+        order, none already planned for a waiter ahead) as let it fit."""
+        if not candidates or candidates[0].priority >= waiter.priority:
+            return []
         chosen: list[Claim] = []
         trial = view.copy()
         for c in candidates:
+            if c.priority >= waiter.priority:
+                break
+            if c.id in taken:
+                continue
             if trial.place(waiter.demand) is not None:
                 break
             trial.give_back(c)
@@ -391,14 +441,46 @@ class Ledger:
     def _ask_back(self, plan: dict[str, Claim]) -> list[Event]:
         """Make the standing reclaim requests those of ``plan``; events for what changed."""
         events: list[Event] = []
-        for c in self.claims.values():
+        changed = sorted((self.claims[c] for c in self._asked | plan.keys() if c in self.claims),
+                         key=lambda c: c.seq)
+        for c in changed:
             waiter = plan.get(c.id)
             wanted = waiter.id if waiter else ""
             if c.reclaim_for == wanted:
                 continue
             c.reclaim_for = wanted
+            if wanted:
+                self._asked.add(c.id)
+            else:
+                self._asked.discard(c.id)
             events.append(ReclaimAsked(c, waiter) if waiter else ReclaimWithdrawn(c))
         return events
+
+    # -- indexes ---------------------------------------------------------------------
+    def _add(self, claim: Claim) -> None:
+        self.claims[claim.id] = claim
+        self._claims_of[claim.uid] += 1
+        if claim.state == QUEUED:
+            bisect.insort(self._queue, claim, key=_rank)
+            self._waiting_of[claim.uid] += 1
+            self._gpu_waiting += bool(claim.demand.gpus or claim.demand.vram)
+
+    def _remove(self, claim: Claim) -> None:
+        del self.claims[claim.id]
+        self._claims_of[claim.uid] -= 1
+        if not self._claims_of[claim.uid]:
+            del self._claims_of[claim.uid]
+        if claim.state == QUEUED:
+            self._unqueue(claim)
+
+    def _unqueue(self, claim: Claim) -> None:
+        i = bisect.bisect_left(self._queue, _rank(claim), key=_rank)
+        assert self._queue[i] is claim, f"{claim.id} is not where the queue says"
+        del self._queue[i]
+        self._gpu_waiting -= bool(claim.demand.gpus or claim.demand.vram)
+        self._waiting_of[claim.uid] -= 1
+        if not self._waiting_of[claim.uid]:
+            del self._waiting_of[claim.uid]
 
     # -- holding ---------------------------------------------------------------------
     def _hold(self, claim: Claim, whole: tuple[str, ...], share: str) -> None:
@@ -409,10 +491,14 @@ class Ledger:
         claim.gpus = whole or ((share,) if share else ())
         for name, amount in claim.demand.pools:
             self._used[name] += amount
+        if claim.reclaimable:
+            self._reclaimable.add(claim.id)
 
     def _free(self, claim: Claim) -> None:
+        self._asked.discard(claim.id)
         if claim.state != GRANTED:
             return
+        self._reclaimable.discard(claim.id)
         if claim.shared:
             shares = self._shares[claim.gpus[0]]
             del shares[claim.id]
@@ -518,3 +604,16 @@ class Ledger:
         assert holder == self._holder, "holder index out of step with the claims"
         assert shares == self._shares, "share index out of step with the claims"
         assert used == self._used, "pool use out of step with the claims"
+        waiting = sorted((c for c in self.claims.values() if c.state == QUEUED), key=_rank)
+        assert waiting == self._queue, "queue index out of step with the claims"
+        assert Counter(c.uid for c in self.claims.values()) == self._claims_of, "claims per user"
+        assert Counter(c.uid for c in waiting) == self._waiting_of, "waiting claims per user"
+        assert sum(bool(c.demand.gpus or c.demand.vram) for c in waiting) == self._gpu_waiting
+        granted = [c for c in self.claims.values() if c.state == GRANTED]
+        assert {c.id for c in granted if c.reclaimable} == self._reclaimable, "reclaimable index"
+        assert {c.id for c in self.claims.values() if c.reclaim_for} == self._asked, "asked index"
+
+
+def _rank(claim: Claim) -> tuple[int, int]:
+    """Serving order: higher priority first, then arrival."""
+    return (-claim.priority, claim.seq)

@@ -29,6 +29,7 @@ DOCUMENTED_EXIT_CODES = {
     NotEnoughCapacity: 3,
     NoSuchPool: 2,
     QueueTimeout: 11,
+    errors.LimitExceeded: 12,
 }
 
 
