@@ -97,11 +97,13 @@ def _tmpfs() -> str | None:
     return None
 
 
-def wait_ready(proc: subprocess.Popen, log) -> None:
-    """Poll with a ping until the daemon answers; give up after READY_TIMEOUT seconds."""
+def wait_ready(proc: subprocess.Popen, log, timeout: float | None = None) -> None:
+    """Poll with a ping until the daemon answers; give up after ``timeout`` seconds
+    (READY_TIMEOUT if None)."""
     from resourced import Client
 
-    deadline = time.monotonic() + READY_TIMEOUT
+    timeout = READY_TIMEOUT if timeout is None else timeout
+    deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
             log.seek(0)
@@ -113,7 +115,7 @@ def wait_ready(proc: subprocess.Popen, log) -> None:
         except Exception as exc:  # noqa: BLE001 - not up yet
             if time.monotonic() > deadline:
                 log.seek(0)
-                raise RuntimeError(f"daemon not ready after {READY_TIMEOUT}s ({exc}):\n"
+                raise RuntimeError(f"daemon not ready after {timeout}s ({exc}):\n"
                                    f"{log.read()}") from exc
             time.sleep(0.02)
 
