@@ -59,6 +59,8 @@ from .threads import off_loop
 log = logging.getLogger("resourced")
 
 ID_ALPHABET = string.ascii_lowercase + string.digits
+MAX_MEMBERS = 64
+"""Member pids one claim may name: a wrapper or two, not a process table."""
 TRACK_INTERVAL = 1.0
 """Seconds between tracking sweeps while claims exist (none run while there are none)."""
 
@@ -182,6 +184,10 @@ class Engine:
         the start (gpuctl run's wrapper, which adopts the command's orphans).  A queued
         claim leaves the queue after ``timeout`` seconds, or when its owner exits."""
         self._check_limits(caller, wait)
+        member_pids = tuple(dict.fromkeys(member_pids))  # each once, in order
+        if len(member_pids) > MAX_MEMBERS:
+            raise InvalidRequest(f"{len(member_pids)} member pids given, at most {MAX_MEMBERS} "
+                                 "may be (the daemon adopts their descendants by itself)")
         pinned = [_callers_process(caller, caller.pid if owner_pid is None else owner_pid, "owner")]
         try:
             pinned += [_callers_process(caller, pid, "member") for pid in member_pids]

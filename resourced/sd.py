@@ -88,6 +88,16 @@ def stderr_is_journal() -> bool:
     return (st.st_dev, st.st_ino) == (dev, ino)
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7f]}
+
+
+def one_line(text: str) -> str:
+    """``text`` with its control characters escaped: what a caller sent (a reason, a pool
+    name) can never start a line of its own, or a journal entry with a priority of its
+    choosing."""
+    return text.translate(_CONTROL)
+
+
 class StderrFormatter(logging.Formatter):
     """``<N>message`` for journald (which adds time and name), else ``resourced: message``."""
 
@@ -96,10 +106,10 @@ class StderrFormatter(logging.Formatter):
         self.journal = journal
 
     def format(self, record: logging.LogRecord) -> str:
-        text = record.getMessage()
+        text = one_line(record.getMessage())
         fields = getattr(record, "fields", None)
         if fields and not self.journal:
-            text += " " + " ".join(f"{k.lower()}={v}" for k, v in fields.items())
+            text += " " + " ".join(f"{k.lower()}={one_line(str(v))}" for k, v in fields.items())
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         if self.journal:

@@ -63,6 +63,21 @@ class ClaimRequest:
     def __post_init__(self):
         if self.mode not in MODES:
             raise InvalidRequest(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        for name, text in (("label", self.label), ("task name", self.task_name)):
+            check_text(name, text)
+
+
+MAX_TEXT = 256
+"""The longest label or task name: a line of a status table, not a document."""
+
+
+def check_text(name: str, text: str) -> None:
+    """A label or task name is one short line: at most MAX_TEXT characters, no control
+    characters (they would break the tables and logs that show it)."""
+    if len(text) > MAX_TEXT:
+        raise InvalidRequest(f"{name} is {len(text)} characters long, at most {MAX_TEXT} may be")
+    if any(ord(c) < 0x20 or ord(c) == 0x7f for c in text):
+        raise InvalidRequest(f"{name} must not contain control characters (newlines, tabs)")
 
 
 @dataclass

@@ -4,11 +4,13 @@ sees: a named error and an exit code, a log without tracebacks, nothing granted 
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
 from resourced.client import Client
-from resourced.errors import InvalidRequest
+from resourced.errors import InvalidRequest, NoSuchClaim
 
 from ..conftest import eventually, gpuctl
 from .test_evidence import Simulation, claims, procs, sim  # noqa: F401 - fixtures
@@ -172,3 +174,63 @@ def test_the_private_bus_activates_nothing_of_the_machines(private_bus):
                        capture_output=True, text=True, timeout=10)
     assert r.returncode != 0
     assert "not provided by any .service files" in r.stderr
+
+
+# -- found by the fuzzer -------------------------------------------------------------------
+
+
+def test_large_replies_racing_other_messages_never_drop_the_connection(daemon):
+    """A full socket buffer once made the daemon drop its bus connection and exit: a 1 MB
+    error reply while another client pings, 30 times over."""
+    stop = threading.Event()
+    failures: list[Exception] = []
+
+    def ping():
+        with Client() as c:
+            while not stop.is_set():
+                try:
+                    c.ping()
+                except Exception as exc:  # noqa: BLE001 - recorded, the test fails on it
+                    failures.append(exc)
+                    return
+                time.sleep(0.002)
+
+    pinger = threading.Thread(target=ping)
+    pinger.start()
+    try:
+        with Client() as c:
+            for _ in range(30):
+                with pytest.raises(NoSuchClaim):
+                    c._send(c._call("GetClaim", "s", ("x" * 2**20,)))
+    finally:
+        stop.set()
+        pinger.join(10)
+    assert failures == []
+    assert daemon.proc.poll() is None
+
+
+def test_member_pids_are_taken_once_each_and_at_most_64(daemon):
+    with Client() as c:
+        granted = c.claim(owner_pid=os.getpid(), member_pids=[os.getpid()] * 10_000)
+        c.release(granted["allocation"]["ref"], force=True)
+        with pytest.raises(InvalidRequest, match="at most 64"):
+            c.claim(owner_pid=os.getpid(), member_pids=range(1, 66))
+
+
+@pytest.mark.parametrize("field", ["label", "task_name"])
+def test_a_label_is_one_short_line(daemon, field):
+    with Client() as c:
+        with pytest.raises(InvalidRequest, match="control characters"):
+            c.claim(owner_pid=os.getpid(), **{field: "a\nb"})
+        with pytest.raises(InvalidRequest, match="at most 256"):
+            c.claim(owner_pid=os.getpid(), **{field: "x" * 257})
+    assert claims() == {}
+
+
+def test_what_a_caller_sends_cannot_forge_a_log_line(daemon):
+    with Client() as c:
+        c.claim(owner_pid=os.getpid())
+        c.release_gpu("0", "oops\n<0>resourced: FORGED")
+    eventually(lambda: "oops\\x0a<0>resourced: FORGED" in daemon.log())
+    assert not any(line.startswith(("<0>", "resourced: FORGED"))
+                   for line in daemon.log().splitlines())
