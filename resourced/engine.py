@@ -218,7 +218,7 @@ class Engine:
             self._audit_refusal(caller, demand, refusal)
             raise refusal
         for ref, fd in pinned:
-            self._watcher.watch_pidfd((claim.id, ref), fd)
+            self._watcher.watch_pidfd((claim.id, ref), ref, fd)
         self._arm_timeout(claim)
         return claim, warnings
 
@@ -274,7 +274,6 @@ class Engine:
         self._timers.pop(claim_id, None)
         claim = self.ledger.claims.get(claim_id)
         if claim is not None and claim.state == QUEUED:
-            self._forget(claim)
             self._commit(self.ledger.release(claim_id, "timeout", busy=None))
             self._serve_queue()
 
@@ -446,7 +445,6 @@ class Engine:
             self._commit(self.ledger.owner_died(claim_id, self.clock(), busy=None))
         else:
             self._commit(self.ledger.member_exited(claim_id, ref, busy=None))
-        self._forget_ended()
         self._serve_queue()
 
     def _forget(self, claim: Claim) -> None:
@@ -465,7 +463,6 @@ class Engine:
 
     def _end(self, claim_id: str, how: str, caller: Caller | None, reason: str) -> None:
         claim = self.ledger.get(claim_id)
-        self._forget(claim)
         events = self.ledger.release(claim_id, how, busy=None)
         if reason or how == "forced":
             who = f"uid {caller.uid}" if caller else "resourced"
@@ -475,12 +472,6 @@ class Engine:
                   gpu=",".join(claim.gpus), event=f"{how}-release", reason=reason)
         self._commit(events)
         self._serve_queue()
-
-    def _forget_ended(self) -> None:
-        """Stop watching the processes of claims that ended."""
-        ended = {key[0] for key in self._watcher.keys()} - set(self.ledger.claims)
-        for key in [k for k in self._watcher.keys() if k[0] in ended]:
-            self._watcher.forget(key)
 
     def _new_id(self) -> str:
         while True:
@@ -497,6 +488,9 @@ class Engine:
         """
         if not events:
             return
+        for event in events:
+            if isinstance(event, ClaimReleased):
+                self._forget(event.claim)
         if self.store is not None:
             try:
                 self.store.record(events, self.ledger.claims)

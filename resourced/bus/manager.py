@@ -1,14 +1,21 @@
 """``org.resourced.Manager`` at /org/resourced: lookups, listings, claims, signals.
 
 Handlers decide nothing: who is calling, decode, call the engine, encode the reply.
-The engine's events come back through ``_publish``, the one place that exports and
-unexports claim objects and emits signals and PropertiesChanged, once per change.
+The engine's events come back through ``_publish``, the one place that unexports claim
+objects and emits signals and PropertiesChanged, once per change.
+
+Claim objects are exported when first needed, not at every claim: a dbus-fast object
+costs about 100 us and a few kB, which a daemon holding 10,000 claims should not pay
+for objects nobody looks at.  A claim's object appears the moment anything needs it:
+a call to its path, a signal it must emit, an Introspect of a path above it (so
+``busctl tree`` shows every claim) or ``GetManagedObjects``.  To a client it is there
+from the ``ClaimNew`` on, as before.
 """
 
 import asyncio
 import json
 
-from dbus_fast import PropertyAccess, Variant
+from dbus_fast import Message, MessageType, PropertyAccess, Variant
 from dbus_fast.service import dbus_method, dbus_property, dbus_signal
 
 from .. import __version__
@@ -38,6 +45,7 @@ from .gpu import GpuInterface
 from .health import CheckInterface
 from .interface import Interface
 from .names import (
+    CLAIM_PREFIX,
     MANAGER_IFACE,
     MANAGER_PATH,
     RELEASE_FORCE,
@@ -92,7 +100,8 @@ class ManagerInterface(Interface):
         self.authority = Authority(bus, enabled=mode == "system")
         self.credentials = Credentials(bus)
         self._gpus: dict[str, GpuInterface] = {}
-        self._claims: dict[str, ClaimInterface] = {}
+        self._claims: dict[str, ClaimInterface] = {}  # the claim objects exported so far
+        self._waiting: set[str] = set()  # queued claims (their objects are always exported)
         self._pci_index: dict[str, int] = {}
 
     def export(self) -> None:
@@ -107,8 +116,10 @@ class ManagerInterface(Interface):
         for pool in self.engine.ledger.pools.values():
             self._pools[pool.name] = PoolInterface(pool, self.engine.ledger)
             self.bus.export(pool_path(pool.name), self._pools[pool.name])
-        for claim in self.engine.ledger.claims.values():
-            self._export_claim(claim)
+        for claim in self.engine.ledger.queue():
+            self._waiting.add(claim.id)
+            self._claim_object(claim.id)
+        self.bus.add_message_handler(self._export_claims_for)
         self.engine.subscribe(self._publish)
         self._export_checks()
         self.health.subscribe(self._publish_levels)
@@ -369,10 +380,26 @@ class ManagerInterface(Interface):
         for state in states:
             self._checks[state["name"]].update(state)
 
-    def _export_claim(self, claim: ClaimRecord) -> None:
-        iface = ClaimInterface(claim, self)
-        self._claims[claim.id] = iface
-        self.bus.export(claim_path(claim.id), iface)
+    def _claim_object(self, claim_id: str) -> ClaimInterface | None:
+        """The claim's object, exported now if it was not yet (None: no such claim)."""
+        iface = self._claims.get(claim_id)
+        if iface is None and (claim := self.engine.ledger.claims.get(claim_id)) is not None:
+            iface = self._claims[claim_id] = ClaimInterface(claim, self)
+            self.bus.export(claim_path(claim_id), iface)
+        return iface
+
+    def _export_claims_for(self, msg: Message) -> bool:
+        """Before dbus-fast dispatches a call, export the claim objects it needs; the call
+        itself is never handled here."""
+        if msg.message_type is not MessageType.METHOD_CALL or not msg.path:
+            return False
+        if msg.path.startswith(CLAIM_PREFIX):
+            self._claim_object(msg.path[len(CLAIM_PREFIX):])
+        elif msg.member == "GetManagedObjects" or (
+                msg.member == "Introspect" and CLAIM_PREFIX.startswith(msg.path.rstrip("/") + "/")):
+            for claim_id in self.engine.ledger.claims:
+                self._claim_object(claim_id)
+        return False
 
     def _publish(self, events: list[Event]) -> None:
         """Objects, signals and PropertiesChanged for a batch of engine events, each once.
@@ -386,32 +413,40 @@ class ManagerInterface(Interface):
         touched_pools: set[str] = set()
         for event in events:
             claim = event.claim
-            iface = self._claims.get(claim.id)
-            if isinstance(event, (ClaimQueued, ClaimGranted)):
-                if iface is None:
-                    iface = self._claims[claim.id] = ClaimInterface(claim, self)
-                    out.append((self.bus.export, claim_path(claim.id), iface))
-                    out.append((self.ClaimNew, claim.id, claim_path(claim.id)))
-                elif isinstance(event, ClaimGranted):  # a waiter served
-                    out.append((iface.emit_properties_changed,
-                                {"State": claim.state, "GPUUUIDs": list(claim.gpus)}))
-                    out.append((iface.Granted, self._grant(claim)))
+            if isinstance(event, ClaimQueued):  # a waiter listens on its object: export it
+                self._waiting.add(claim.id)
+                self._claim_object(claim.id)
+                out.append((self.ClaimNew, claim.id, claim_path(claim.id)))
+            elif isinstance(event, ClaimGranted) and claim.id not in self._waiting:
+                out.append((self.ClaimNew, claim.id, claim_path(claim.id)))
+            elif isinstance(event, ClaimGranted):  # a waiter served
+                self._waiting.discard(claim.id)
+                iface = self._claims[claim.id]
+                out.append((iface.emit_properties_changed,
+                            {"State": claim.state, "GPUUUIDs": list(claim.gpus)}))
+                out.append((iface.Granted, self._grant(claim)))
             elif isinstance(event, ClaimReleased):
+                iface = self._claims.pop(claim.id, None)
+                if claim.id in self._waiting:  # it left the queue ungranted
+                    self._waiting.discard(claim.id)
+                    out.append((iface.Cancelled, event.reason))
                 if iface is not None:
-                    del self._claims[claim.id]
-                    if claim.state == QUEUED:  # it left the queue ungranted
-                        out.append((iface.Cancelled, event.reason))
                     out.append((self.bus.unexport, claim_path(claim.id), iface))
                 out.append((self.ClaimRemoved, claim.id, claim_path(claim.id), event.reason))
+            elif claim.id not in self.engine.ledger.claims:
+                continue  # it ended in the same batch: no object speaks for it any more
             elif isinstance(event, OwnerDied):
-                out.append((iface.emit_properties_changed, {"OwnerAlive": False}))
+                out.append((self._claim_object(claim.id).emit_properties_changed,
+                            {"OwnerAlive": False}))
             elif isinstance(event, MembersChanged):
-                out.append((iface.emit_properties_changed,
+                out.append((self._claim_object(claim.id).emit_properties_changed,
                             {"MemberPIDs": sorted(m.pid for m in claim.members)}))
             elif isinstance(event, ReclaimAsked):
+                iface = self._claim_object(claim.id)
                 out.append((iface.emit_properties_changed, {"ReclaimRequested": True}))
                 out.append((iface.reclaim_requested, event.waiter.id, event.waiter.priority))
-            elif isinstance(event, ReclaimWithdrawn) and iface is not None:
+            elif isinstance(event, ReclaimWithdrawn):
+                iface = self._claim_object(claim.id)
                 out.append((iface.emit_properties_changed, {"ReclaimRequested": False}))
                 out.append((iface.ReclaimWithdrawn,))
             if isinstance(event, (ClaimGranted, ClaimReleased)):

@@ -14,8 +14,11 @@ def gpu_path(index: int) -> str:
     return f"{MANAGER_PATH}/gpu/{index}"
 
 
+CLAIM_PREFIX = f"{MANAGER_PATH}/claim/"
+
+
 def claim_path(claim_id: str) -> str:
-    return f"{MANAGER_PATH}/claim/{claim_id}"
+    return CLAIM_PREFIX + claim_id
 
 CHECK_IFACE = "org.resourced.Check"
 

@@ -1,12 +1,13 @@
 """Owner liveness through pidfds: the kernel tells the event loop when a process exits.
 
-No polling: each watched process has a pidfd registered with the loop; it becomes
-readable when the process terminates (zombies included), and the callback runs once.
+No polling: each watched process has one pidfd registered with the loop, however many
+keys (claims) watch it; it becomes readable when the process terminates (zombies
+included), and the callback runs once for each key that still watched it.
 """
 
 import asyncio
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 from ..core.claims import ProcessRef
 from .processes import is_alive, open_pidfd
@@ -15,45 +16,72 @@ from .processes import is_alive, open_pidfd
 class ExitWatcher:
     """Calls ``on_exit(key)`` once when the process watched under ``key`` exits."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[str], None]):
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[Hashable], None]):
         self._loop = loop
         self._on_exit = on_exit
-        self._fds: dict[str, int] = {}
+        self._fds: dict[ProcessRef, int] = {}
+        self._keys: dict[ProcessRef, set[Hashable]] = {}  # who watches each process
+        self._ref_of: dict[Hashable, ProcessRef] = {}
 
-    def watch(self, key, ref: ProcessRef) -> bool:
+    def watch(self, key: Hashable, ref: ProcessRef) -> bool:
         """Start watching; False (and no callback) if the process is already gone.
 
         Raises ``OSError`` when no pidfd can be had (``EMFILE``): that says nothing about
         the process."""
         self.forget(key)
-        fd = open_pidfd(ref.pid)
-        if fd is None:
-            return False
-        if not is_alive(ref):  # the pid was reused before we pinned it
-            os.close(fd)
-            return False
-        self.watch_pidfd(key, fd)
+        if ref not in self._fds:
+            fd = open_pidfd(ref.pid)
+            if fd is None:
+                return False
+            if not is_alive(ref):  # the pid was reused before we pinned it
+                os.close(fd)
+                return False
+            self._add(ref, fd)
+        self._join(key, ref)
         return True
 
-    def watch_pidfd(self, key, fd: int) -> None:
+    def watch_pidfd(self, key: Hashable, ref: ProcessRef, fd: int) -> None:
         """Watch the process an already open pidfd pins (the watcher closes it)."""
         self.forget(key)
-        self._fds[key] = fd
-        self._loop.add_reader(fd, self._exited, key)
-
-    def forget(self, key) -> None:
-        fd = self._fds.pop(key, None)
-        if fd is not None:
-            self._loop.remove_reader(fd)
+        if ref in self._fds:
             os.close(fd)
+        else:
+            self._add(ref, fd)
+        self._join(key, ref)
 
-    def keys(self) -> list:
-        return list(self._fds)
+    def forget(self, key: Hashable) -> None:
+        ref = self._ref_of.pop(key, None)
+        if ref is None:
+            return
+        keys = self._keys[ref]
+        keys.discard(key)
+        if not keys:
+            self._drop(ref)
 
     def close(self) -> None:
-        for key in list(self._fds):
-            self.forget(key)
+        for ref in list(self._fds):
+            self._drop(ref)
+        self._ref_of.clear()
 
-    def _exited(self, key) -> None:
-        self.forget(key)
-        self._on_exit(key)
+    def _add(self, ref: ProcessRef, fd: int) -> None:
+        self._fds[ref] = fd
+        self._keys[ref] = set()
+        self._loop.add_reader(fd, self._exited, ref)
+
+    def _join(self, key: Hashable, ref: ProcessRef) -> None:
+        self._keys[ref].add(key)
+        self._ref_of[key] = ref
+
+    def _drop(self, ref: ProcessRef) -> None:
+        fd = self._fds.pop(ref)
+        del self._keys[ref]
+        self._loop.remove_reader(fd)
+        os.close(fd)
+
+    def _exited(self, ref: ProcessRef) -> None:
+        keys = self._keys[ref]
+        self._drop(ref)
+        for key in keys:  # all forgotten first: a callback may forget the others
+            del self._ref_of[key]
+        for key in keys:
+            self._on_exit(key)

@@ -1,6 +1,7 @@
 """Processes as (pid, start time): reading /proc, and the boot they belong to."""
 
 import errno
+import functools
 import os
 
 from ..core.claims import ProcessRef
@@ -12,8 +13,9 @@ process).  Anything else (EMFILE when the descriptor table is full, say) says no
 about the process and is raised: a live owner must never be taken for a dead one."""
 
 
+@functools.cache
 def pid_max() -> int:
-    """The largest pid the kernel hands out (``/proc/sys/kernel/pid_max``)."""
+    """The largest pid the kernel hands out (``/proc/sys/kernel/pid_max``, read once)."""
     try:
         with open(f"{PROC}/sys/kernel/pid_max", "rb") as f:
             return int(f.read())
