@@ -7,6 +7,12 @@ import click
 from ._options import bus_option, client, emit_json, json_option
 
 
+MAX_HOLDERS = 5
+"""Holders a pool row of the status names; the rest are counted (--json lists all)."""
+MAX_WAITERS = 20
+"""Waiters the status shows; the rest are counted (gpuctl queue lists all)."""
+
+
 def _age(created_usec: int, now: float) -> str:
     seconds = max(0, int(now - created_usec / 1e6))
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
@@ -44,12 +50,18 @@ def render_status(data: dict, now: float) -> str:
     for p in data["pools"]:
         holders = [f"{c['id']} ({c['user']}: {_show(c['pools'][p['name']], p['unit'])})"
                    for c in data["claims"] if c["state"] == "granted" and p["name"] in c["pools"]]
+        shown = ", ".join(holders[:MAX_HOLDERS]) or "-"
+        if len(holders) > MAX_HOLDERS:
+            shown += f" and {len(holders) - MAX_HOLDERS} more"
         pool_rows.append((p["name"], _show(p["capacity"], p["unit"]),
                           _show(p["capacity"] - p["free"], p["unit"]), _show(p["free"], p["unit"]),
-                          ", ".join(holders) or "-"))
+                          shown))
     lines += ["", *_table(pool_rows)]
     if data["queue"]:
-        lines += ["", *render_queue(data, now, units)]
+        lines += ["", *render_queue(data, now, units, most=MAX_WAITERS)]
+        if len(data["queue"]) > MAX_WAITERS:
+            lines.append(f"... and {len(data['queue']) - MAX_WAITERS} more waiting "
+                         "(gpuctl queue lists them all)")
     return "\n".join(lines)
 
 
@@ -77,10 +89,12 @@ def wanted(c: dict, units: dict[str, str]) -> str:
     return ", ".join(parts)
 
 
-def render_queue(data: dict, now: float, units: dict[str, str]) -> list[str]:
+def render_queue(data: dict, now: float, units: dict[str, str],
+                 most: int | None = None) -> list[str]:
+    """The queue as a table: every waiter, or the first ``most``."""
     claims = {c["id"]: c for c in data["claims"]}
     rows = [("#", "CLAIM", "PRIORITY", "USER", "WAITING", "WANTS", "TASK", "LABEL")]
-    for rank, ref in enumerate(data["queue"], 1):
+    for rank, ref in enumerate(data["queue"][:most], 1):
         c = claims[ref]
         rows.append((rank, ref, c["priority"], c["user"], _age(c["created_usec"], now),
                      wanted(c, units), c["task_name"], c["label"]))
