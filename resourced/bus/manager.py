@@ -259,7 +259,7 @@ class ManagerInterface(Interface):
 
     @dbus_property(access=R)
     def NQueued(self) -> "u":
-        return len(self.engine.ledger.queue())
+        return self.engine.ledger.queued_count()
 
     @dbus_property(access=R)
     def HealthLevel(self) -> "s":
@@ -478,7 +478,7 @@ class ManagerInterface(Interface):
             out.append((self.emit_properties_changed, {
                 "FreeGPUs": self.engine.free_count(),
                 "NClaims": len(self.engine.ledger.claims),
-                "NQueued": len(self.engine.ledger.queue()),
+                "NQueued": self.engine.ledger.queued_count(),
             }))
         # Two hops: the reply of an async method is sent from a callback scheduled when it
         # returns, which is after this one.

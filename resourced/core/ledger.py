@@ -30,7 +30,7 @@ Every mutation returns the events it caused; the caller persists, then publishes
 
 import bisect
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from ..errors import (
@@ -116,6 +116,10 @@ class _View:
             share = min(fitting)[1]  # the tightest fit keeps whole GPUs whole
         return tuple(self.free[: d.gpus]), share
 
+    def has(self, want: str) -> bool:
+        """Whether anything of a want (``GPUS`` or a pool's name) is left."""
+        return bool(self.free or self.vram) if want == GPUS else self.pools.get(want, 0) > 0
+
     def exhausted_for(self, d: Demand) -> bool:
         """Nothing ``d`` asks for is left: it cannot be placed, and reserving for it would
         change nothing (the walk skips such waiters in O(1))."""
@@ -180,6 +184,7 @@ class Ledger:
         self._used: dict[str, int] = {name: 0 for name in self.pools}
         self._no_wait: set[str] = set()                # queued for one walk only
         self._queue: list[Claim] = []                  # waiting claims, in serving order
+        self._lanes: dict[str, list[Claim]] = {}       # want -> the waiting claims with it
         self._claims_of: Counter[int] = Counter()      # uid -> its claims, any state
         self._waiting_of: Counter[int] = Counter()     # uid -> its waiting claims
         self._gpu_waiting = 0                          # waiting claims that want GPUs/VRAM
@@ -379,12 +384,13 @@ class Ledger:
             if self._gpu_waiting:
                 return []
             busy = frozenset()  # nobody waits for a GPU: the evidence does not matter
-        queue = self.queue()
+        if not self._queue:
+            return self._ask_back({})
         events: list[Event] = []
         plan: dict[str, Claim] = {}  # claim asked back -> the waiter it makes room for
-        view = self._view(busy) if queue else None
+        view = self._view(busy)
         candidates = self._reclaim_candidates()
-        for claim in queue:
+        for claim in self._waiters_to_visit(view, bool(candidates)):
             if view.exhausted_for(claim.demand) and (
                     not candidates or candidates[0].priority >= claim.priority):
                 continue  # nothing it wants is left, and nothing may be asked back for it
@@ -402,6 +408,34 @@ class Ledger:
                     plan[asked.id] = claim
                 view.reserve(claim.demand)
         return events + self._ask_back(plan)
+
+    def _waiters_to_visit(self, view: _View, reclaim: bool) -> Iterator[Claim]:
+        """The waiters a walk must look at, in serving order: those that want something
+        the view still has.  The others could neither be placed nor reserve anything,
+        so with 2,000 waiters for GPUs and every GPU held, a walk for a pool amount
+        visits none of them.  (With claims that may be asked back, all are visited.)
+
+        Each want has its lane (a sorted sub-queue); the walk merges the lanes whose want
+        is left, and drops a lane as soon as the view runs out of its want: the view
+        only shrinks during a walk, so a dropped lane never comes back."""
+        if reclaim:
+            yield from list(self._queue)
+            return
+        lanes = {want: list(q) for want, q in self._lanes.items() if q and view.has(want)}
+        at = dict.fromkeys(lanes, 0)
+        seen: set[str] = set()
+        while lanes:
+            want = min(lanes, key=lambda w: _rank(lanes[w][at[w]]))
+            claim = lanes[want][at[want]]
+            at[want] += 1
+            if at[want] == len(lanes[want]):
+                del lanes[want]
+            if claim.id in seen:  # in two lanes: a GPU and a pool amount, say
+                continue
+            seen.add(claim.id)
+            yield claim
+            for gone in [w for w in lanes if not view.has(w)]:
+                del lanes[gone]
 
     def _reclaim_candidates(self) -> list[Claim]:
         """The granted reclaimable claims in the order they are asked back: lowest priority
@@ -462,6 +496,8 @@ class Ledger:
         self._claims_of[claim.uid] += 1
         if claim.state == QUEUED:
             bisect.insort(self._queue, claim, key=_rank)
+            for want in _wants(claim.demand):
+                bisect.insort(self._lanes.setdefault(want, []), claim, key=_rank)
             self._waiting_of[claim.uid] += 1
             self._gpu_waiting += bool(claim.demand.gpus or claim.demand.vram)
 
@@ -474,9 +510,10 @@ class Ledger:
             self._unqueue(claim)
 
     def _unqueue(self, claim: Claim) -> None:
-        i = bisect.bisect_left(self._queue, _rank(claim), key=_rank)
-        assert self._queue[i] is claim, f"{claim.id} is not where the queue says"
-        del self._queue[i]
+        for queue in [self._queue, *(self._lanes[want] for want in _wants(claim.demand))]:
+            i = bisect.bisect_left(queue, _rank(claim), key=_rank)
+            assert queue[i] is claim, f"{claim.id} is not where the queue says"
+            del queue[i]
         self._gpu_waiting -= bool(claim.demand.gpus or claim.demand.vram)
         self._waiting_of[claim.uid] -= 1
         if not self._waiting_of[claim.uid]:
@@ -606,12 +643,24 @@ class Ledger:
         assert used == self._used, "pool use out of step with the claims"
         waiting = sorted((c for c in self.claims.values() if c.state == QUEUED), key=_rank)
         assert waiting == self._queue, "queue index out of step with the claims"
+        lanes = {want: [c for c in waiting if want in _wants(c.demand)] for want in self._lanes}
+        assert lanes == self._lanes and set(self._lanes) >= {w for c in waiting
+                                                             for w in _wants(c.demand)}, "lanes"
         assert Counter(c.uid for c in self.claims.values()) == self._claims_of, "claims per user"
         assert Counter(c.uid for c in waiting) == self._waiting_of, "waiting claims per user"
         assert sum(bool(c.demand.gpus or c.demand.vram) for c in waiting) == self._gpu_waiting
         granted = [c for c in self.claims.values() if c.state == GRANTED]
         assert {c.id for c in granted if c.reclaimable} == self._reclaimable, "reclaimable index"
         assert {c.id for c in self.claims.values() if c.reclaim_for} == self._asked, "asked index"
+
+
+GPUS = ""
+"""The want of whole GPUs or VRAM, beside the pools' names (which are never empty)."""
+
+
+def _wants(d: Demand) -> list[str]:
+    """The lanes of the queue a waiter with this demand is in."""
+    return ([GPUS] if d.gpus or d.vram else []) + [name for name, _ in d.pools]
 
 
 def _rank(claim: Claim) -> tuple[int, int]:
