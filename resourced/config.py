@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .amounts import MAX_AMOUNT, parse_amount
+from .core.health import CheckEntry
 
 __all__ = [
     "SYSTEM_CONFIG",
@@ -91,21 +92,6 @@ class GpuEntry:
     uuid: str
     alias: str | None = None
     index: int | None = None
-
-
-@dataclass(frozen=True)
-class CheckEntry:
-    """One ``[[check]]``: an advisory RAM or disk limit; unset thresholds are None."""
-
-    name: str
-    type: str                        # "ram" or "disk"
-    path: str | None = None          # the disk's mount point (disk only)
-    warn_free_gib: float | None = None
-    stop_free_gib: float | None = None
-    warn_free_pct: float | None = None
-    stop_free_pct: float | None = None
-    warn_used_pct: float | None = None
-    stop_used_pct: float | None = None
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,23 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from ..amounts import format_bytes
-from ..config import CheckEntry
+
+
+@dataclass(frozen=True)
+class CheckEntry:
+    """One ``[[check]]`` of the configuration: an advisory RAM or disk limit; unset
+    thresholds are None."""
+
+    name: str
+    type: str                        # "ram" or "disk"
+    path: str | None = None          # the disk's mount point (disk only)
+    warn_free_gib: float | None = None
+    stop_free_gib: float | None = None
+    warn_free_pct: float | None = None
+    stop_free_pct: float | None = None
+    warn_used_pct: float | None = None
+    stop_used_pct: float | None = None
+
 
 __all__ = [
     "ERROR",

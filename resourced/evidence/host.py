@@ -8,7 +8,7 @@ nothing is guessed: a missing path is an error, not an empty disk.
 
 import os
 
-from ..config import CheckEntry
+from ..core.health import CheckEntry
 from ..core.health import Measurement
 
 __all__ = ["measure", "measure_disk", "measure_ram"]

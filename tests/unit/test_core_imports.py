@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from ..conftest import ROOT
+
 FORBIDDEN = ("dbus_fast", "jeepney", "psutil", "pynvml", "click", "asyncio")
 
 PROBE = """
@@ -17,8 +19,15 @@ print(json.dumps(sorted(sys.modules)))
 """
 
 
-@pytest.mark.parametrize("module", ["resourced.core.ledger", "resourced.core.claims",
-                                    "resourced.core.inventory", "resourced.errors"])
+CORE = sorted(f"resourced.core.{p.stem}" for p in (ROOT / "resourced" / "core").glob("*.py")
+              if p.stem != "__init__")
+
+
+def test_every_core_module_is_probed():
+    assert {"resourced.core.ledger", "resourced.core.health"} <= set(CORE)
+
+
+@pytest.mark.parametrize("module", [*CORE, "resourced.errors", "resourced.amounts"])
 def test_core_imports_only_the_standard_library(module):
     done = subprocess.run([sys.executable, "-c", PROBE.format(module=module)],
                           capture_output=True, text=True, timeout=30, check=True)
