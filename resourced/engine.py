@@ -19,7 +19,6 @@ import os
 import pwd
 import secrets
 import string
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ from .backends import Backend, NoGpus
 from .config import DaemonConfig, GpuEntry
 from .core.attribution import attribute, children_of, claim_processes, descendants
 from .core.claims import QUEUED, Claim, ClaimRequest, Demand, ProcessRef
+from .core.clock import Clock, Deadlines, wall_clock
 from .core.inventory import Gpu
 from .core.ledger import (
     ClaimGranted,
@@ -74,10 +74,6 @@ class Caller:
     bus_name: str = ""
 
 
-def wall_clock_usec() -> int:
-    return time.time_ns() // 1000
-
-
 def managed_gpus(present: list[Gpu], configured: tuple[GpuEntry, ...]) -> tuple[list[Gpu], list[GpuEntry]]:
     """The GPUs to manage (all present ones, or only the configured ones when any are
     listed, with their aliases) and the configured ones that are not present."""
@@ -98,7 +94,7 @@ def managed_gpus(present: list[Gpu], configured: tuple[GpuEntry, ...]) -> tuple[
 class Engine:
     def __init__(self, backend: Backend, store=None, settings: DaemonConfig = DaemonConfig(),
                  configured: tuple[GpuEntry, ...] = (), pools: tuple[Pool, ...] = (),
-                 clock=wall_clock_usec):
+                 clock: Clock = wall_clock):
         self.backend = backend
         self.store = store  # a ClaimStore, or None to keep claims in memory only
         self.settings = settings
@@ -107,7 +103,8 @@ class Engine:
         self.clock = clock
         self._serving: asyncio.Task | None = None  # a queue walk waiting for fresh evidence
         self._busy_free: set[str] = set()  # free GPUs last found running strangers' processes
-        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self.deadlines = Deadlines()  # ("queue", claim id) -> when a waiter leaves the queue
+        self._alarm: asyncio.TimerHandle | None = None  # one timer, for the earliest deadline
         self.ledger = Ledger([])
         self.present: list[Gpu] = []  # every GPU the backend reports, managed or not
         self.missing: list[GpuEntry] = []
@@ -149,6 +146,7 @@ class Engine:
             self._watch_claim(claim)
             self._arm_timeout(claim)
         self._commit(self.ledger.schedule(None))
+        self.run_due()
         self._serve_queue()
         if self.ledger.claims:
             log.info("restored %d claim(s)", len(self.ledger.claims))
@@ -158,8 +156,8 @@ class Engine:
         for task in (self._tracker, self._serving):
             if task:
                 task.cancel()
-        for timer in self._timers.values():
-            timer.cancel()
+        if self._alarm is not None:
+            self._alarm.cancel()
         if self._watcher:
             self._watcher.close()
 
@@ -264,14 +262,29 @@ class Engine:
         return warnings
 
     def _arm_timeout(self, claim: Claim) -> None:
-        if claim.state != QUEUED or not claim.queue_deadline_usec:
-            return
-        delay = max(0.0, (claim.queue_deadline_usec - self.clock()) / 1e6)
-        self._timers[claim.id] = asyncio.get_running_loop().call_later(
-            delay, self._queue_timeout, claim.id)
+        if claim.state == QUEUED and claim.queue_deadline_usec:
+            self.deadlines.set(("queue", claim.id), claim.queue_deadline_usec)
+            self._rearm()
+
+    def run_due(self) -> None:
+        """Act on every deadline due by the clock's now (the alarm calls this; tests with a
+        manual clock call it after moving the clock)."""
+        for kind, claim_id in self.deadlines.due(self.clock()):
+            if kind == "queue":
+                self._queue_timeout(claim_id)
+        self._rearm()
+
+    def _rearm(self) -> None:
+        """One loop timer, for the earliest deadline."""
+        if self._alarm is not None:
+            self._alarm.cancel()
+            self._alarm = None
+        when = self.deadlines.next()
+        if when is not None:
+            delay = max(0.0, (when - self.clock()) / 1e6)
+            self._alarm = asyncio.get_running_loop().call_later(delay, self.run_due)
 
     def _queue_timeout(self, claim_id: str) -> None:
-        self._timers.pop(claim_id, None)
         claim = self.ledger.claims.get(claim_id)
         if claim is not None and claim.state == QUEUED:
             self._commit(self.ledger.release(claim_id, "timeout", busy=None))
@@ -450,9 +463,7 @@ class Engine:
     def _forget(self, claim: Claim) -> None:
         for ref in claim.members | {claim.owner}:
             self._watcher.forget((claim.id, ref))
-        timer = self._timers.pop(claim.id, None)
-        if timer is not None:
-            timer.cancel()
+        self.deadlines.cancel(("queue", claim.id))
 
     # -- internals ---------------------------------------------------------------------
     @staticmethod
@@ -491,6 +502,8 @@ class Engine:
         for event in events:
             if isinstance(event, ClaimReleased):
                 self._forget(event.claim)
+            elif isinstance(event, ClaimGranted):
+                self.deadlines.cancel(("queue", event.claim.id))
         if self.store is not None:
             try:
                 self.store.record(events, self.ledger.claims)
