@@ -45,6 +45,7 @@ from ..errors import (
 from .claims import GRANTED, QUEUED, Claim, ClaimRequest, Demand, ProcessRef
 from .inventory import Gpu
 from .pools import Pool, format_amount
+from .view import GPUS, View
 
 
 @dataclass(frozen=True)
@@ -86,90 +87,6 @@ class ReclaimWithdrawn:
 
 Event = (ClaimQueued | ClaimGranted | ClaimReleased | OwnerDied | MembersChanged
          | ReclaimAsked | ReclaimWithdrawn)
-
-
-@dataclass
-class _View:
-    """What is free for the rest of a queue walk."""
-
-    free: list[str]              # whole GPUs nobody holds or shares, not busy, by index
-    vram: dict[str, int]         # GPUs a share may go on -> free bytes
-    pools: dict[str, int]        # pool -> free amount
-    memory: dict[str, int]       # GPU -> its memory
-    busy_free: int = 0           # free GPUs left out because they are busy
-
-    def copy(self) -> "_View":
-        return _View(list(self.free), dict(self.vram), dict(self.pools), self.memory,
-                     self.busy_free)
-
-    def place(self, d: Demand) -> tuple[tuple[str, ...], str] | None:
-        """(whole GPUs, the GPU for the share or "") if ``d`` fits, else None."""
-        if len(self.free) < d.gpus:
-            return None
-        if any(self.pools.get(name, 0) < amount for name, amount in d.pools):
-            return None
-        share = ""
-        if d.vram:
-            fitting = [(free, uuid) for uuid, free in self.vram.items() if free >= d.vram]
-            if not fitting:
-                return None
-            share = min(fitting)[1]  # the tightest fit keeps whole GPUs whole
-        return tuple(self.free[: d.gpus]), share
-
-    def has(self, want: str) -> bool:
-        """Whether anything of a want (``GPUS`` or a pool's name) is left."""
-        return bool(self.free or self.vram) if want == GPUS else self.pools.get(want, 0) > 0
-
-    def exhausted_for(self, d: Demand) -> bool:
-        """Nothing ``d`` asks for is left: it cannot be placed, and reserving for it would
-        change nothing (the walk skips such waiters in O(1))."""
-        if (d.gpus or d.vram) and (self.free or self.vram):
-            return False
-        return all(self.pools.get(name, 0) == 0 for name, _ in d.pools)
-
-    def take(self, d: Demand, whole: tuple[str, ...], share: str) -> None:
-        for uuid in whole:
-            self.free.remove(uuid)
-            self.vram.pop(uuid, None)
-        if share:
-            self.vram[share] -= d.vram
-            if share in self.free:
-                self.free.remove(share)
-        for name, amount in d.pools:
-            self.pools[name] -= amount
-
-    def reserve(self, d: Demand) -> None:
-        """Keep what a waiter that does not fit could use away from the claims after it.
-
-        Whole GPUs: the free ones it needs, and when those are too few, every shared GPU
-        too (no new share may land there, so they drain for it).  A share: every GPU big
-        enough for it (whichever frees first must be its).  Pools: up to its amount."""
-        if d.gpus:
-            for uuid in self.free[: d.gpus]:
-                self.vram.pop(uuid, None)
-            short = d.gpus > len(self.free)
-            del self.free[: d.gpus]
-            if short:
-                for uuid in [u for u in self.vram if u not in self.free]:
-                    del self.vram[uuid]
-        if d.vram:
-            for uuid in [u for u in self.vram if self.memory[u] >= d.vram]:
-                del self.vram[uuid]
-            self.free = [u for u in self.free if self.memory[u] < d.vram]
-        for name, amount in d.pools:
-            self.pools[name] -= min(amount, self.pools.get(name, 0))
-
-    def give_back(self, c: Claim) -> None:
-        """As if ``c`` had released (for planning a reclaim)."""
-        if c.shared:
-            self.vram[c.gpus[0]] = self.vram.get(c.gpus[0], 0) + c.demand.vram
-        else:
-            for uuid in c.gpus:
-                self.free.append(uuid)
-                self.vram[uuid] = self.memory[uuid]
-            self.free.sort()
-        for name, amount in c.demand.pools:
-            self.pools[name] += amount
 
 
 class Ledger:
@@ -370,14 +287,14 @@ class Ledger:
         return refused
 
     # -- the walk --------------------------------------------------------------------
-    def _view(self, busy: frozenset[str]) -> _View:
+    def _view(self, busy: frozenset[str]) -> View:
         free = [g.uuid for g in self.free_gpus()]
         usable = [u for u in free if u not in busy]
         vram = {u: self.gpus[u].memory_bytes - self.vram_used(u)
                 for u in self.gpus if u not in self._holder and (u in usable or self._shares.get(u))}
         pools = {name: self.pool_free(name) for name in self.pools}
         memory = {u: g.memory_bytes for u, g in self.gpus.items()}
-        return _View(usable, vram, pools, memory, busy_free=len(free) - len(usable))
+        return View(usable, vram, pools, memory, busy_free=len(free) - len(usable))
 
     def _schedule(self, busy: frozenset[str] | None) -> list[Event]:
         if busy is None:
@@ -409,7 +326,7 @@ class Ledger:
                 view.reserve(claim.demand)
         return events + self._ask_back(plan)
 
-    def _waiters_to_visit(self, view: _View, reclaim: bool) -> Iterator[Claim]:
+    def _waiters_to_visit(self, view: View, reclaim: bool) -> Iterator[Claim]:
         """The waiters a walk must look at, in serving order: those that want something
         the view still has.  The others could neither be placed nor reserve anything,
         so with 2,000 waiters for GPUs and every GPU held, a walk for a pool amount
@@ -444,7 +361,7 @@ class Ledger:
         return sorted((self.claims[c] for c in self._reclaimable),
                       key=lambda c: (c.priority, -c.seq))
 
-    def _reclaim_plan(self, waiter: Claim, view: _View, taken: dict[str, Claim],
+    def _reclaim_plan(self, waiter: Claim, view: View, taken: dict[str, Claim],
                       candidates: list[Claim]) -> list[Claim]:
         """As few reclaimable claims of lower priority than ``waiter`` (``candidates`` in
         order, none already planned for a waiter ahead) as let it fit."""
@@ -652,10 +569,6 @@ class Ledger:
         granted = [c for c in self.claims.values() if c.state == GRANTED]
         assert {c.id for c in granted if c.reclaimable} == self._reclaimable, "reclaimable index"
         assert {c.id for c in self.claims.values() if c.reclaim_for} == self._asked, "asked index"
-
-
-GPUS = ""
-"""The want of whole GPUs or VRAM, beside the pools' names (which are never empty)."""
 
 
 def _wants(d: Demand) -> list[str]:

@@ -1,0 +1,150 @@
+"""What is held over time, and what is free throughout an interval of it.
+
+A *hold* is something held over a half-open interval ``[start, end)`` of time
+(microseconds; ``end=None`` for an open-ended hold, a claim with no end): whole GPUs,
+a VRAM share on one GPU, pool amounts.  Back to back is no overlap.  The timeline keeps
+the holds on a fixed inventory (each GPU's memory, each pool's capacity) and answers
+one question: what is free *throughout* ``[start, end)``?  The answer is a ``View`` of
+the same kind the ledger builds for now, so the rules that place a claim place a booking:
+
+- a whole GPU is free when no hold uses it at any instant of the interval;
+- a GPU's free VRAM is its memory less the *peak* of the shares on it over the
+  interval (and none when it is held whole at any instant);
+- a pool's free amount is its capacity less the peak of what is held of it.
+
+Admission (``earliest``) tries the interval's start, then each instant a hold ends:
+what is free only grows when a hold ends, so the first start that fits among those is
+the earliest one.  ``check_invariants`` states capacity and exclusivity at every instant.
+This module decides nothing about who may hold what; the calendar does, with it.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .claims import Demand
+from .view import View
+
+
+@dataclass(frozen=True)
+class Hold:
+    """What one booking or claim holds over ``[start, end)`` (``end`` None: no end)."""
+
+    id: str
+    start: int
+    end: int | None
+    whole: tuple[str, ...] = ()             # GPUs held whole
+    share: str = ""                         # the GPU a VRAM share is on
+    vram: int = 0
+    pools: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self):
+        if self.end is not None and self.end <= self.start:
+            raise ValueError(f"hold {self.id}: end {self.end} is not after start {self.start}")
+
+    def overlaps(self, start: int, end: int | None) -> bool:
+        return (end is None or self.start < end) and (self.end is None or start < self.end)
+
+    def gpus(self) -> tuple[str, ...]:
+        return self.whole + ((self.share,) if self.share else ())
+
+
+def peak(holds: Iterable[Hold], amount_of, start: int, end: int | None) -> int:
+    """The largest sum of ``amount_of(hold)`` at any instant of ``[start, end)``."""
+    changes = []
+    for h in holds:
+        if h.overlaps(start, end):
+            changes.append((max(h.start, start), 1, amount_of(h)))
+            if h.end is not None and (end is None or h.end < end):
+                changes.append((h.end, 0, -amount_of(h)))  # at equal times, ends first
+    level = top = 0
+    for _, _, delta in sorted(changes):
+        level += delta
+        top = max(top, level)
+    return top
+
+
+class Timeline:
+    """Holds over time on a fixed inventory: GPU memory by UUID (in index order) and pool
+    capacities by name."""
+
+    def __init__(self, memory: dict[str, int], capacity: dict[str, int]):
+        self.memory = dict(memory)
+        self.capacity = dict(capacity)
+        self.holds: dict[str, Hold] = {}
+        self._on_gpu: dict[str, dict[str, Hold]] = {u: {} for u in self.memory}
+        self._of_pool: dict[str, dict[str, Hold]] = {p: {} for p in self.capacity}
+
+    def add(self, hold: Hold) -> None:
+        """Record a hold (admitted by the caller through ``view`` or ``earliest``)."""
+        if hold.id in self.holds:
+            raise ValueError(f"hold {hold.id} is there already")
+        self.holds[hold.id] = hold
+        for uuid in hold.gpus():
+            self._on_gpu[uuid][hold.id] = hold
+        for name, _ in hold.pools:
+            self._of_pool[name][hold.id] = hold
+
+    def remove(self, hold_id: str) -> Hold:
+        hold = self.holds.pop(hold_id)
+        for uuid in hold.gpus():
+            del self._on_gpu[uuid][hold_id]
+        for name, _ in hold.pools:
+            del self._of_pool[name][hold_id]
+        return hold
+
+    def view(self, start: int, end: int | None, ignore: frozenset[str] = frozenset(),
+             allowed: frozenset[str] | None = None) -> View:
+        """What is free throughout ``[start, end)``, as if the holds in ``ignore`` were not
+        there (a booking being edited), on the GPUs in ``allowed`` (all when None)."""
+        free, vram = [], {}
+        for uuid, memory in self.memory.items():
+            if allowed is not None and uuid not in allowed:
+                continue
+            there = [h for h in self._on_gpu[uuid].values()
+                     if h.id not in ignore and h.overlaps(start, end)]
+            if not there:
+                free.append(uuid)
+                vram[uuid] = memory
+            elif not any(h.whole for h in there):
+                vram[uuid] = memory - peak(there, lambda h: h.vram, start, end)
+        pools = {}
+        for name, capacity in self.capacity.items():
+            held = [h for h in self._of_pool[name].values() if h.id not in ignore]
+            pools[name] = capacity - peak(held, lambda h, n=name: dict(h.pools)[n], start, end)
+        return View(free, vram, pools, self.memory)
+
+    def earliest(self, demand: Demand, duration: int | None, not_before: int,
+                 ignore: frozenset[str] = frozenset(),
+                 allowed: frozenset[str] | None = None,
+                 ) -> tuple[int, tuple[str, ...], str] | None:
+        """The earliest start at or after ``not_before`` where ``demand`` fits for
+        ``duration`` (None: for good), with the placement (whole GPUs, the GPU of the
+        share or ""); None if it never fits."""
+        ends = sorted({h.end for h in self.holds.values()
+                       if h.end is not None and h.end > not_before and h.id not in ignore})
+        for start in [not_before, *ends]:
+            end = None if duration is None else start + duration
+            placed = self.view(start, end, ignore, allowed).place(demand)
+            if placed is not None:
+                return start, *placed
+        return None
+
+    def check_invariants(self) -> None:
+        """At every instant, on every GPU: one whole holder at most, never whole and shared
+        at once, shares within its memory; every pool within its capacity."""
+        for uuid, memory in self.memory.items():
+            holds = list(self._on_gpu[uuid].values())
+            for h in holds:
+                assert h.id in self.holds and uuid in h.gpus(), f"index of {uuid} is off"
+                if h.whole:
+                    others = [o.id for o in holds if o is not h and o.overlaps(h.start, h.end)]
+                    assert not others, f"{uuid}: {h.id} holds it whole while {others} hold it"
+            shares = [h for h in holds if h.share == uuid]
+            assert peak(shares, lambda h: h.vram, 0, None) <= memory, f"{uuid}: VRAM over"
+        for name, capacity in self.capacity.items():
+            held = list(self._of_pool[name].values())
+            assert peak(held, lambda h, n=name: dict(h.pools)[n], 0, None) <= capacity, \
+                f"pool {name} over capacity"
+        indexed = {i for on in self._on_gpu.values() for i in on} | {
+            i for of in self._of_pool.values() for i in of}
+        assert indexed <= set(self.holds), "an index names a hold that is gone"
