@@ -29,6 +29,7 @@ Every mutation returns the events it caused; the caller persists, then publishes
 """
 
 import bisect
+import copy
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -49,40 +50,54 @@ from .view import GPUS, View
 
 
 @dataclass(frozen=True)
-class ClaimQueued:
+class _ClaimEvent:
+    """Something that happened to a claim.  ``claim`` is a copy taken when it happened:
+    the ledger goes on changing its own claims, never what an event says (history, the
+    store and the bus read events after the fact)."""
+
     claim: Claim
+
+    def __post_init__(self):
+        object.__setattr__(self, "claim", copy.copy(self.claim))
 
 
 @dataclass(frozen=True)
-class ClaimGranted:
-    claim: Claim
+class ClaimQueued(_ClaimEvent):
+    pass
 
 
 @dataclass(frozen=True)
-class ClaimReleased:
-    claim: Claim
+class ClaimGranted(_ClaimEvent):
+    pass
+
+
+@dataclass(frozen=True)
+class ClaimReleased(_ClaimEvent):
     reason: str  # released | forced | owner-exited | dead-owner | cancelled | timeout
 
 
 @dataclass(frozen=True)
-class OwnerDied:
-    claim: Claim
+class OwnerDied(_ClaimEvent):
+    pass
 
 
 @dataclass(frozen=True)
-class MembersChanged:
-    claim: Claim
+class MembersChanged(_ClaimEvent):
+    pass
 
 
 @dataclass(frozen=True)
-class ReclaimAsked:
-    claim: Claim
+class ReclaimAsked(_ClaimEvent):
     waiter: Claim
 
+    def __post_init__(self):
+        super().__post_init__()
+        object.__setattr__(self, "waiter", copy.copy(self.waiter))
+
 
 @dataclass(frozen=True)
-class ReclaimWithdrawn:
-    claim: Claim
+class ReclaimWithdrawn(_ClaimEvent):
+    pass
 
 
 Event = (ClaimQueued | ClaimGranted | ClaimReleased | OwnerDied | MembersChanged

@@ -153,6 +153,13 @@ def test_describe_names_every_amount_in_its_unit():
 # -- grant -------------------------------------------------------------------------------
 
 
+def test_an_event_says_what_was_when_it_happened(ledger):
+    [granted] = grant(ledger, request(1, "dev"), "c1", NOW)
+    ledger.owner_died("c1", NOW + 1)
+    assert ledger.get("c1").owner_alive is False
+    assert granted.claim.owner_alive is True and granted.claim.state == GRANTED
+
+
 def test_grant_takes_lowest_indices_first_and_records_the_claim(ledger):
     events = grant(ledger, request(2, "dev"), "c1", NOW)
 
@@ -161,7 +168,8 @@ def test_grant_takes_lowest_indices_first_and_records_the_claim(ledger):
                   state=GRANTED, seq=1, gpus=(uuid(0), uuid(1)), owner_alive=True)
     assert events == [ClaimGranted(claim)]
     assert type(events[0]) is ClaimGranted
-    assert events[0].claim is ledger.get("c1")
+    assert events[0].claim == ledger.get("c1")
+    assert events[0].claim is not ledger.get("c1")  # a snapshot: see the next test
     assert state(ledger) == {
         "claims": {"c1": dataclasses.asdict(claim)},
         "holders": {uuid(0): "c1", uuid(1): "c1", uuid(2): None, uuid(3): None},

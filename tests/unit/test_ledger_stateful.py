@@ -148,7 +148,7 @@ class LedgerMachine(RuleBasedStateMachine):
         for e in events:
             if type(e) is ClaimGranted:
                 assert e.claim.id in queued_before or e.claim.id not in before
-                assert e.claim.state == GRANTED and after.get(e.claim.id) is e.claim
+                assert e.claim.state == GRANTED and after.get(e.claim.id) == e.claim
                 self.model[e.claim.id]["state"] = GRANTED
                 self.granted[e.claim.id] = self.clock
             elif type(e) is ReclaimAsked:

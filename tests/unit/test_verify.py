@@ -43,7 +43,7 @@ def grant(ledger: Ledger, claim_id: str, mode: str = "dev", gpus: int = 1, owner
     request = ClaimRequest(demand=demand, mode=mode, owner=owner, uid=1000, user="alice")
     events, refusal = ledger.submit(request, claim_id, NOW, wait=wait)
     assert refusal is None
-    return events[0].claim
+    return ledger.get(claim_id)
 
 
 def idle(ledger: Ledger) -> dict[str, list[SeenProcess]]:
