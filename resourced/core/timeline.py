@@ -116,18 +116,44 @@ class Timeline:
     def earliest(self, demand: Demand, duration: int | None, not_before: int,
                  ignore: frozenset[str] = frozenset(),
                  allowed: frozenset[str] | None = None,
+                 blocked: tuple[tuple[int, int], ...] = (),
                  ) -> tuple[int, tuple[str, ...], str] | None:
         """The earliest start at or after ``not_before`` where ``demand`` fits for
-        ``duration`` (None: for good), with the placement (whole GPUs, the GPU of the
-        share or ""); None if it never fits."""
-        ends = sorted({h.end for h in self.holds.values()
-                       if h.end is not None and h.end > not_before and h.id not in ignore})
-        for start in [not_before, *ends]:
-            end = None if duration is None else start + duration
-            placed = self.view(start, end, ignore, allowed).place(demand)
-            if placed is not None:
-                return start, *placed
+        ``duration`` (None: for good) without touching a ``blocked`` window, with the
+        placement (whole GPUs, the GPU of the share or ""); None if it never fits."""
+        ends = {h.end for h in self.holds.values() if h.end is not None and h.id not in ignore}
+        ends |= {end for _, end in blocked}
+        for start in [not_before, *sorted(e for e in ends if e > not_before)]:
+            found = self.fit(demand, start, duration, ignore, allowed, blocked)
+            if found is not None:
+                return start, *found
         return None
+
+    def latest_before(self, demand: Demand, duration: int, before: int, not_before: int,
+                      ignore: frozenset[str] = frozenset(),
+                      allowed: frozenset[str] | None = None,
+                      blocked: tuple[tuple[int, int], ...] = (),
+                      ) -> tuple[int, tuple[str, ...], str] | None:
+        """The latest start in ``[not_before, before)`` where ``demand`` fits for
+        ``duration``: a window that cannot move later ends where a hold or a blocked
+        window starts, so those (less the duration) are the starts to try."""
+        starts = {h.start for h in self.holds.values() if h.id not in ignore}
+        starts |= {start for start, _ in blocked}
+        tries = {s - duration for s in starts} | {not_before}
+        for start in sorted((t for t in tries if not_before <= t < before), reverse=True):
+            found = self.fit(demand, start, duration, ignore, allowed, blocked)
+            if found is not None:
+                return start, *found
+        return None
+
+    def fit(self, demand: Demand, start: int, duration: int | None,
+            ignore: frozenset[str] = frozenset(), allowed: frozenset[str] | None = None,
+            blocked: tuple[tuple[int, int], ...] = ()) -> tuple[tuple[str, ...], str] | None:
+        """The placement of ``demand`` over ``[start, start + duration)``, or None."""
+        end = None if duration is None else start + duration
+        if any((end is None or b_start < end) and start < b_end for b_start, b_end in blocked):
+            return None
+        return self.view(start, end, ignore, allowed).place(demand)
 
     def check_invariants(self) -> None:
         """At every instant, on every GPU: one whole holder at most, never whole and shared

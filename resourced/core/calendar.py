@@ -1,0 +1,384 @@
+"""The calendar: bookings over time, admitted all or nothing over their whole interval.
+
+A booking is a claim with a start and an end: whole GPUs (a count, or named ones), or a
+VRAM share on one GPU, and any pool amounts, over the half-open interval
+``[start, end)``.  Admission is the timeline's: what the booking takes must be free
+throughout its interval, so nothing is held twice at any instant.  ``exclusive`` makes
+a VRAM booking take its GPU whole (nobody else on it, the booker's own bookings
+included).
+
+Pure: every operation is given ``now`` and returns the booking and the events it caused,
+or raises a ``ResourcedError`` and changes nothing.  Which caller may do what (the owner,
+or an administrator with a reason) is decided here too, from the uid and an ``admin``
+flag that the bus adapter got from polkit.
+
+Lifecycle: scheduled -> active (at its start) -> ended (expired at its end, released or
+cancelled early, with who and why).  ``due`` moves bookings along the clock and says when
+next to call it.  Ended bookings stay (``history``) until ``prune`` drops those older than
+the retention.  Operation ids make writes retry-safe: per user, the same request with
+the same id answers the first result (``exists``); another request with a used id is
+refused.
+"""
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
+
+from ..errors import InvalidRequest, NoSuchClaim, NotClaimOwner, NotEnoughCapacity
+from .claims import Demand, check_text
+from .pools import format_amount
+from .timeline import Hold, Timeline
+
+SCHEDULED, ACTIVE, ENDED = "scheduled", "active", "ended"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the configuration allows (seconds; 0 = no limit)."""
+
+    longest: float = 7 * 86400        # the longest booking
+    horizon: float = 30 * 86400       # how far ahead a booking may start
+    per_user: int = 64                # live (scheduled or active) bookings of one user
+    retention: float = 30 * 86400     # how long ended bookings stay queryable
+
+
+@dataclass(frozen=True)
+class BookingRequest:
+    """What a caller asks for: ``demand`` for ``duration_usec``, at ``start_usec`` exactly or
+    (None) at the earliest fit; on the GPUs ``named`` (all of them) or not ``excluded``."""
+
+    demand: Demand
+    duration_usec: int
+    start_usec: int | None = None
+    named: tuple[str, ...] = ()
+    excluded: tuple[str, ...] = ()
+    exclusive: bool = False
+    label: str = ""
+    task_name: str = ""
+
+    def __post_init__(self):
+        if self.duration_usec <= 0:
+            raise InvalidRequest("a booking must last more than 0 seconds")
+        if set(self.named) & set(self.excluded):
+            raise InvalidRequest("a GPU cannot be both wanted and excluded")
+        if self.named and self.demand.gpus != len(self.named):
+            raise InvalidRequest("named GPUs are booked whole, one each")
+        check_text("label", self.label)
+        check_text("task name", self.task_name)
+
+    def fingerprint(self) -> str:
+        """The same for the same request, whatever the start resolved to."""
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Booking:
+    id: str
+    uid: int
+    user: str
+    request: BookingRequest
+    start_usec: int
+    end_usec: int
+    gpus: tuple[str, ...]          # held whole, or the one GPU of a share
+    share: bool
+    created_usec: int
+    op_id: str = ""
+    state: str = SCHEDULED
+    ended: str = ""                # expired | released | cancelled
+    ended_by: int = -1
+    reason: str = ""
+    ended_usec: int = 0
+
+    def hold(self) -> Hold:
+        d = self.request.demand
+        return Hold(self.id, self.start_usec, self.end_usec,
+                    whole=() if self.share else self.gpus,
+                    share=self.gpus[0] if self.share else "",
+                    vram=d.vram if self.share else 0, pools=d.pools)
+
+
+@dataclass(frozen=True)
+class Blackout:
+    id: str
+    start_usec: int
+    end_usec: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class BookingEvent:
+    booking: Booking
+    what: str  # created | changed | started | ended
+
+
+class Calendar:
+    def __init__(self, timeline: Timeline, limits: Limits = Limits()):
+        self.timeline = timeline
+        self.limits = limits
+        self.bookings: dict[str, Booking] = {}
+        self.blackouts: dict[str, Blackout] = {}
+        self._ops: dict[tuple[int, str], tuple[str, str]] = {}  # (uid, op id) -> (fingerprint, id)
+
+    # -- booking -----------------------------------------------------------------------
+    def book(self, request: BookingRequest, booking_id: str, uid: int, user: str, now: int,
+             op_id: str = "") -> tuple[Booking, str, list[BookingEvent]]:
+        """Admit a booking; returns it with ``created`` (or ``exists``: an op id replayed)."""
+        if op_id:
+            seen = self._ops.get((uid, op_id))
+            if seen is not None:
+                if seen[0] != request.fingerprint():
+                    raise InvalidRequest(f"operation id {op_id!r} was used for another request")
+                return self.bookings[seen[1]], "exists", []
+        live = sum(1 for b in self.bookings.values() if b.uid == uid and b.state != ENDED)
+        if self.limits.per_user and live >= self.limits.per_user:
+            raise InvalidRequest(f"uid {uid} already has {live} bookings, the most one user may")
+        start, gpus, share = self._admit(request, now)
+        booking = Booking(booking_id, uid, user, request, start, start + request.duration_usec,
+                          gpus, share, now, op_id)
+        self._put(booking)
+        if op_id:
+            self._ops[(uid, op_id)] = (request.fingerprint(), booking_id)
+        return booking, "created", [BookingEvent(booking, "created")]
+
+    def edit(self, booking_id: str, request: BookingRequest, uid: int, now: int,
+             admin: bool = False) -> tuple[Booking, list[BookingEvent]]:
+        """Change anything of a booking that has not started, re-admitted against the
+        calendar without itself."""
+        old = self._own(booking_id, uid, admin)
+        if old.state != SCHEDULED:
+            raise InvalidRequest(f"booking {booking_id} has started: only its end can change "
+                                 "(extend, or shrink down to now)")
+        start, gpus, share = self._admit(request, now, ignore=frozenset({booking_id}))
+        return self._replace(replace(old, request=request, start_usec=start,
+                                     end_usec=start + request.duration_usec, gpus=gpus,
+                                     share=share), "changed")
+
+    def set_end(self, booking_id: str, end_usec: int, uid: int, now: int,
+                admin: bool = False) -> tuple[Booking, list[BookingEvent]]:
+        """Extend (admitted on the added part only, on the same GPUs) or shrink (not before
+        now: what is given back is free at once)."""
+        old = self._own(booking_id, uid, admin)
+        if old.state == ENDED:
+            raise InvalidRequest(f"booking {booking_id} has ended")
+        floor = max(now, old.start_usec)
+        if end_usec <= floor:
+            raise InvalidRequest("the new end must be after now and after the start")
+        if end_usec - old.start_usec > self.limits.longest * 1e6 > 0:
+            raise InvalidRequest(f"a booking may last at most {_span(self.limits.longest)}")
+        if end_usec > old.end_usec:
+            added = replace(old.request, duration_usec=end_usec - old.end_usec, start_usec=None)
+            placed = self.timeline.fit(self._demand(added), old.end_usec, added.duration_usec,
+                                       frozenset({booking_id}), frozenset(old.gpus),
+                                       self._blocked())
+            if placed is None or _gpus(*placed) != old.gpus:
+                raise NotEnoughCapacity(f"booking {booking_id} cannot be extended to that end: "
+                                        "its GPUs or amounts are booked then")
+        request = replace(old.request, duration_usec=end_usec - old.start_usec)
+        return self._replace(replace(old, request=request, end_usec=end_usec), "changed")
+
+    def cancel(self, booking_id: str, uid: int, now: int, admin: bool = False,
+               reason: str = "") -> tuple[Booking, list[BookingEvent]]:
+        """End a booking now: a scheduled one is cancelled, an active one released.  Someone
+        else's needs ``admin`` and a reason, which its owner then sees."""
+        old = self._own(booking_id, uid, admin)
+        if old.state == ENDED:
+            raise InvalidRequest(f"booking {booking_id} has ended already")
+        if uid != old.uid and uid != 0 and not reason:
+            raise InvalidRequest("cancelling someone else's booking needs a reason")
+        check_text("reason", reason)
+        how = "cancelled" if old.state == SCHEDULED else "released"
+        return self._end(old, how, uid, reason, now)
+
+    # -- the clock ---------------------------------------------------------------------
+    def due(self, now: int) -> tuple[list[BookingEvent], int | None]:
+        """Start what starts by ``now``, end what ends by it; and when to call again."""
+        events = []
+        for b in sorted(self.bookings.values(), key=lambda b: (b.start_usec, b.id)):
+            if b.state == SCHEDULED and b.start_usec <= now:
+                b = self.bookings[b.id] = replace(b, state=ACTIVE)
+                events.append(BookingEvent(b, "started"))
+            if b.state == ACTIVE and b.end_usec <= now:
+                events += self._end(b, "expired", -1, "", b.end_usec)[1]
+        upcoming = [b.start_usec if b.state == SCHEDULED else b.end_usec
+                    for b in self.bookings.values() if b.state != ENDED]
+        return events, min(upcoming, default=None)
+
+    def prune(self, now: int) -> list[str]:
+        """Forget ended bookings older than the retention; returns their ids."""
+        cutoff = now - int(self.limits.retention * 1e6)
+        gone = [b.id for b in self.bookings.values() if b.state == ENDED and b.ended_usec < cutoff]
+        for booking_id in gone:
+            del self.bookings[booking_id]
+        self._ops = {k: v for k, v in self._ops.items() if v[1] in self.bookings}
+        return gone
+
+    # -- blackouts ---------------------------------------------------------------------
+    def add_blackout(self, blackout: Blackout) -> list[Booking]:
+        """Nothing new is placed in the window; the bookings already in it stay (returned,
+        so their owners can be told)."""
+        if blackout.end_usec <= blackout.start_usec:
+            raise InvalidRequest("a blackout must end after it starts")
+        check_text("reason", blackout.reason)
+        self.blackouts[blackout.id] = blackout
+        return [b for b in self.bookings.values() if b.state != ENDED
+                and b.start_usec < blackout.end_usec and blackout.start_usec < b.end_usec]
+
+    def remove_blackout(self, blackout_id: str) -> Blackout:
+        try:
+            return self.blackouts.pop(blackout_id)
+        except KeyError:
+            raise NoSuchClaim(f"no blackout {blackout_id!r}") from None
+
+    # -- views -------------------------------------------------------------------------
+    def slots(self, request: BookingRequest, now: int, count: int = 3) -> list[tuple[int, tuple[str, ...]]]:
+        """The earliest ``count`` distinct starts where ``request`` would fit (read-only)."""
+        found, not_before = [], max(now, request.start_usec or now)
+        while len(found) < count:
+            fit = self.timeline.earliest(self._demand(request), request.duration_usec,
+                                         not_before, allowed=self._allowed(request),
+                                         blocked=self._blocked())
+            if fit is None:
+                break
+            start, whole, share = fit
+            found.append((start, _gpus(whole, share)))
+            later = [e for e in self._ends() if e > start]
+            if not later:
+                break
+            not_before = min(later)
+        return found
+
+    def check_invariants(self) -> None:
+        self.timeline.check_invariants()
+        live = {b.id for b in self.bookings.values() if b.state != ENDED}
+        assert live <= set(self.timeline.holds), "a live booking holds nothing"
+        for booking_id in live:
+            assert self.timeline.holds[booking_id] == self.bookings[booking_id].hold()
+
+    # -- internals ---------------------------------------------------------------------
+    def _admit(self, request: BookingRequest, now: int,
+               ignore: frozenset[str] = frozenset()) -> tuple[int, tuple[str, ...], bool]:
+        duration = request.duration_usec
+        if self.limits.longest and duration > self.limits.longest * 1e6:
+            raise InvalidRequest(f"a booking may last at most {_span(self.limits.longest)}")
+        demand, allowed, blocked = self._demand(request), self._allowed(request), self._blocked()
+        self._check_satisfiable(request, demand, allowed)
+        start = request.start_usec
+        if start is not None:
+            if start < now:
+                raise InvalidRequest("the start is in the past")
+            self._check_horizon(start, now)
+            placed = self.timeline.fit(demand, start, duration, ignore, allowed, blocked)
+            if placed is None:
+                raise NotEnoughCapacity(self._refusal(request, demand, start, now, ignore))
+        else:
+            fit = self.timeline.earliest(demand, duration, now, ignore, allowed, blocked)
+            if fit is None:
+                raise NotEnoughCapacity("it never fits: open-ended claims hold what it needs")
+            start, *placed = fit
+            self._check_horizon(start, now)
+        whole, share = placed
+        return start, _gpus(whole, share), bool(share)
+
+    def _refusal(self, request, demand, start, now, ignore) -> str:
+        """Why an exact start does not fit, and the nearest start that would (and where)."""
+        args = (ignore, self._allowed(request), self._blocked())
+        after = self.timeline.earliest(demand, request.duration_usec, start, *args)
+        before = self.timeline.latest_before(demand, request.duration_usec, start, now, *args)
+        nearest = min((f for f in (after, before) if f is not None),
+                      key=lambda f: abs(f[0] - start), default=None)
+        why = ("it falls in a blackout" if self.timeline.fit(demand, start, request.duration_usec,
+                                                              ignore, self._allowed(request)) is not None
+               else "does not fit then")
+        if nearest is None:
+            return f"{_describe(demand)} {why}, and never fits"
+        return (f"{_describe(demand)} {why}; the nearest start that fits: {_when(nearest[0])} "
+                f"on {', '.join(_gpus(*nearest[1:])) or 'the pools'}")
+
+    def _check_horizon(self, start: int, now: int) -> None:
+        if self.limits.horizon and start - now > self.limits.horizon * 1e6:
+            raise InvalidRequest(f"bookings may start at most {_span(self.limits.horizon)} ahead")
+
+    def _check_satisfiable(self, request: BookingRequest, demand: Demand,
+                           allowed: frozenset[str] | None) -> None:
+        gpus = [u for u in self.timeline.memory if allowed is None or u in allowed]
+        unknown = set(request.named + request.excluded) - set(self.timeline.memory)
+        if unknown:
+            raise InvalidRequest(f"no GPU {sorted(unknown)[0]!r}")
+        if demand.gpus > len(gpus):
+            raise InvalidRequest(f"{demand.gpus} GPU(s) wanted, {len(gpus)} may be used")
+        for name, amount in demand.pools:
+            if name not in self.timeline.capacity:
+                raise InvalidRequest(f"no pool {name!r}")
+            if amount > self.timeline.capacity[name]:
+                raise InvalidRequest(f"more {name} than the pool holds")
+
+    @staticmethod
+    def _demand(request: BookingRequest) -> Demand:
+        """An exclusive VRAM booking takes a whole GPU (one with enough memory)."""
+        d = request.demand
+        return Demand(1, 0, d.pools) if request.exclusive and d.vram else d
+
+    def _allowed(self, request: BookingRequest) -> frozenset[str] | None:
+        gpus = set(request.named or self.timeline.memory) - set(request.excluded)
+        if request.exclusive and request.demand.vram:
+            gpus = {u for u in gpus if self.timeline.memory[u] >= request.demand.vram}
+        return None if gpus == set(self.timeline.memory) else frozenset(gpus)
+
+    def _blocked(self) -> tuple[tuple[int, int], ...]:
+        return tuple((b.start_usec, b.end_usec) for b in self.blackouts.values())
+
+    def _ends(self) -> list[int]:
+        return [h.end for h in self.timeline.holds.values() if h.end is not None] + [
+            b.end_usec for b in self.blackouts.values()]
+
+    def _own(self, booking_id: str, uid: int, admin: bool) -> Booking:
+        booking = self.bookings.get(booking_id)
+        if booking is None:
+            raise NoSuchClaim(f"no booking {booking_id!r}")
+        if not admin and uid not in (0, booking.uid):
+            raise NotClaimOwner(f"booking {booking_id} belongs to {booking.user or booking.uid}")
+        return booking
+
+    def _put(self, booking: Booking) -> None:
+        self.bookings[booking.id] = booking
+        self.timeline.add(booking.hold())
+
+    def _replace(self, booking: Booking, what: str) -> tuple[Booking, list[BookingEvent]]:
+        self.timeline.remove(booking.id)
+        self._put(booking)
+        return booking, [BookingEvent(booking, what)]
+
+    def _end(self, booking: Booking, how: str, by: int, reason: str,
+             when: int) -> tuple[Booking, list[BookingEvent]]:
+        self.timeline.remove(booking.id)
+        end = when if how == "released" else booking.end_usec  # released early: it ended then
+        ended = replace(booking, state=ENDED, ended=how, ended_by=by, reason=reason,
+                        ended_usec=when, end_usec=end)
+        self.bookings[booking.id] = ended
+        return ended, [BookingEvent(ended, "ended")]
+
+
+def _gpus(whole: tuple[str, ...], share: str) -> tuple[str, ...]:
+    """The GPUs of a placement: those held whole, or the one of the share (or none)."""
+    return whole or ((share,) if share else ())
+
+
+def _describe(d: Demand) -> str:
+    parts = [f"{d.gpus} GPU(s)"] if d.gpus else []
+    if d.vram:
+        parts.append(f"VRAM {format_amount(d.vram, 'bytes')}")
+    parts += [f"{name} {amount}" for name, amount in d.pools]
+    return ", ".join(parts)
+
+
+def _when(usec: int) -> str:
+    """An instant for a message: ISO 8601 in UTC (the client shows local time)."""
+    return datetime.fromtimestamp(usec / 1e6, timezone.utc).isoformat(timespec="seconds")
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
