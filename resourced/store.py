@@ -90,12 +90,17 @@ def prepare_runtime_dir(path: Path) -> Path:
         raise StoreError(f"cannot use runtime directory {path}: {exc.strerror}") from exc
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise StoreError(f"runtime directory {path} is a symlink or not a directory; refusing it")
-    if st.st_uid != os.geteuid():
-        raise StoreError(f"runtime directory {path} belongs to uid {st.st_uid}, not to us")
-    if st.st_mode & 0o077:
-        log.warning("runtime directory %s was mode %04o; reset to 0700", path, st.st_mode & 0o7777)
-        os.chmod(path, 0o700)
+    _keep_private(path, st, 0o700, "runtime directory ")
     return path
+
+
+def _keep_private(path: Path, st: os.stat_result, mode: int, what: str) -> None:
+    """Refuse another user's file; reset (and say so) a mode that lets others in."""
+    if st.st_uid != os.geteuid():
+        raise StoreError(f"{what}{path} belongs to uid {st.st_uid}, not to us; refusing it")
+    if st.st_mode & 0o077:
+        log.warning("%s%s was mode %04o; reset to %04o", what, path, st.st_mode & 0o7777, mode)
+        os.chmod(path, mode)
 
 
 def check_log_file(path: Path) -> None:
@@ -111,11 +116,7 @@ def check_log_file(path: Path) -> None:
         what = "a directory" if stat.S_ISDIR(st.st_mode) else "a symlink" if stat.S_ISLNK(
             st.st_mode) else "not a regular file"
         raise StoreError(f"{path} is {what}; move it away (the daemon keeps its claims there)")
-    if st.st_uid != os.geteuid():
-        raise StoreError(f"{path} belongs to uid {st.st_uid}, not to us; refusing it")
-    if st.st_mode & 0o077:
-        log.warning("%s was mode %04o; reset to 0600", path, st.st_mode & 0o7777)
-        os.chmod(path, 0o600)
+    _keep_private(path, st, 0o600, "")
 
 
 class ClaimStore:

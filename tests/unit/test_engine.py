@@ -1,36 +1,58 @@
 """The engine itself, in this process, on a manual clock: no bus, no daemon subprocess."""
 
 import asyncio
+import contextlib
 import os
 
 import pytest
 
 from resourced.backends.simulated import SimulatedBackend
-from resourced.core.claims import Demand
+from resourced.config import DaemonConfig
+from resourced.core.claims import ClaimRequest, Demand, ProcessRef
 from resourced.core.clock import ManualClock
 from resourced.core.ledger import ClaimReleased
 from resourced.engine import Caller, Engine
+from resourced.errors import LimitExceeded
 
 ME = Caller(uid=os.getuid(), pid=os.getpid())
+USER = Caller(uid=1000, pid=os.getpid())  # another user (only limits are checked before the pid)
 
 
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 10))
+def run(test):
+    """Run an async test body with a deadline."""
+    asyncio.run(asyncio.wait_for(test(), 10))
 
 
-async def started(gpus: int = 1) -> tuple[Engine, ManualClock, list]:
-    clock = ManualClock()
-    engine = Engine(SimulatedBackend(count=gpus), clock=clock)
-    await engine.start()
+@contextlib.asynccontextmanager
+async def engine_on(gpus: int = 1, clock: ManualClock | None = None, restored=None, **settings):
+    """A started engine on simulated GPUs and a manual clock; the events it publishes."""
+    engine = Engine(SimulatedBackend(count=gpus), settings=DaemonConfig(**settings),
+                    clock=clock or ManualClock())
+    await engine.start(restored)
     events: list = []
     engine.subscribe(events.extend)
-    return engine, clock, events
+    try:
+        yield engine, events
+    finally:
+        engine.close()
+
+
+def users_claims(engine: Engine, n: int, waiting: int) -> None:
+    """``n`` whole-GPU claims of USER in the ledger, the last ``waiting`` of them waiting."""
+    for i in range(n):
+        request = ClaimRequest(Demand.of(gpus=1), "dev", ProcessRef(os.getpid(), 0), uid=USER.uid)
+        _, refusal = engine.ledger.submit(request, f"u{i}", 0, wait=i >= n - waiting)
+        assert refusal is None
+    assert engine.ledger.counts_of(USER.uid) == (n, waiting)
+
+
+# -- deadlines on the clock -------------------------------------------------------------------
 
 
 def test_a_waiter_leaves_the_queue_when_its_deadline_passes_on_the_clock():
-    async def go():
-        engine, clock, events = await started()
-        try:
+    async def test():
+        clock = ManualClock()
+        async with engine_on(clock=clock) as (engine, events):
             await engine.claim(ME, Demand.of(gpus=1), "dev")
             waiter, _ = await engine.claim(ME, Demand.of(gpus=1), "dev", wait=True, timeout=30)
             assert waiter.queue_deadline_usec == clock() + 30_000_000  # in the claim as committed
@@ -41,15 +63,13 @@ def test_a_waiter_leaves_the_queue_when_its_deadline_passes_on_the_clock():
             engine.run_due()
             assert waiter.id not in engine.ledger.claims
             assert [e.reason for e in events if isinstance(e, ClaimReleased)] == ["timeout"]
-        finally:
-            engine.close()
-    run(go())
+    run(test)
 
 
 def test_a_waiter_served_in_time_has_no_deadline_left():
-    async def go():
-        engine, clock, _ = await started()
-        try:
+    async def test():
+        clock = ManualClock()
+        async with engine_on(clock=clock) as (engine, _):
             holder, _ = await engine.claim(ME, Demand.of(gpus=1), "dev")
             waiter, _ = await engine.claim(ME, Demand.of(gpus=1), "dev", wait=True, timeout=30)
             await engine.release(ME, holder.id)
@@ -62,40 +82,64 @@ def test_a_waiter_served_in_time_has_no_deadline_left():
             clock.advance(60)
             engine.run_due()
             assert waiter.id in engine.ledger.claims
-        finally:
-            engine.close()
-    run(go())
+    run(test)
 
 
 def test_a_restored_waiter_whose_deadline_passed_meanwhile_leaves_at_start():
-    async def go():
-        engine, clock, _ = await started()
-        try:
+    async def test():
+        clock = ManualClock()
+        async with engine_on(clock=clock) as (engine, _):
             await engine.claim(ME, Demand.of(gpus=1), "dev")
             waiter, _ = await engine.claim(ME, Demand.of(gpus=1), "dev", wait=True, timeout=5)
             saved = dict(engine.ledger.claims)
-        finally:
-            engine.close()
         clock.advance(10)
-        again = Engine(SimulatedBackend(count=1), clock=clock)
-        await again.start(saved)
-        try:
+        async with engine_on(clock=clock, restored=saved) as (again, _):
             assert waiter.id not in again.ledger.claims
-        finally:
-            again.close()
-    run(go())
+    run(test)
 
 
 @pytest.mark.parametrize("timeout", [None, 0])
 def test_no_timeout_or_a_zero_one(timeout):
-    async def go():
-        engine, clock, _ = await started()
-        try:
+    async def test():
+        async with engine_on() as (engine, _):
             await engine.claim(ME, Demand.of(gpus=1), "dev")
             waiter, _ = await engine.claim(ME, Demand.of(gpus=1), "dev", wait=True,
                                            timeout=timeout)
             engine.run_due()
             assert (waiter.id in engine.ledger.claims) == (timeout is None)
-        finally:
-            engine.close()
-    run(go())
+    run(test)
+
+
+# -- per-user limits: refused before any work, root exempt -------------------------------------
+
+
+@pytest.mark.parametrize("wait", [False, True])
+def test_a_user_at_the_claims_limit_is_refused(wait):
+    async def test():
+        async with engine_on(gpus=2, max_claims_per_user=2) as (engine, _):
+            users_claims(engine, 2, 0)
+            with pytest.raises(LimitExceeded, match="max_claims_per_user"):
+                await engine.claim(USER, Demand.of(gpus=1), "dev", wait=wait)
+    run(test)
+
+
+def test_a_user_at_the_waiting_limit_may_not_wait_again():
+    async def test():
+        async with engine_on(gpus=2, max_waiting_per_user=1) as (engine, _):
+            users_claims(engine, 3, 1)
+            with pytest.raises(LimitExceeded, match="max_waiting_per_user"):
+                await engine.claim(USER, Demand.of(gpus=1), "dev", wait=True)
+    run(test)
+
+
+def test_root_is_exempt_and_zero_means_no_limit():
+    async def test():
+        async with engine_on(gpus=2, max_claims_per_user=1, max_waiting_per_user=1) as (engine, _):
+            users_claims(engine, 3, 1)
+            for _ in range(3):  # root: no limit applies, so this reaches the queue
+                claim, _ = await engine.claim(Caller(0, os.getpid()), Demand.of(gpus=1), "dev",
+                                              wait=True)
+                assert claim.state == "queued"
+            engine.settings = DaemonConfig(max_claims_per_user=0, max_waiting_per_user=0)
+            engine._check_limits(USER, wait=True)  # no limit: no error
+    run(test)
