@@ -57,9 +57,15 @@ _DBUS = DBusAddress("/org/freedesktop/DBus", bus_name="org.freedesktop.DBus",
 _PEER = DBusAddress(MANAGER_PATH, bus_name=BUS_NAME, interface="org.freedesktop.DBus.Peer")
 # The bus resolves a well-known sender name in a match rule; jeepney's local filter cannot
 # (messages carry the daemon's unique name), so the local rule matches on the rest.
-_CLAIM_SIGNALS = dict(type="signal", interface=CLAIM_IFACE)
 _LEVEL_SIGNALS = dict(type="signal", interface=MANAGER_IFACE, member="LevelChanged",
                       path=MANAGER_PATH)
+
+
+def _outcome_rules(path: str) -> tuple[MatchRule, MatchRule]:
+    """The signals of one claim's object (its Granted or Cancelled): the rule to match
+    locally, and the same for the bus, which also resolves the daemon's well-known name."""
+    fields = dict(type="signal", interface=CLAIM_IFACE, path=path)
+    return MatchRule(**fields), MatchRule(sender=BUS_NAME, **fields)
 
 
 def requested_bus(bus: str | None) -> str | None:
@@ -166,6 +172,9 @@ class _Base:
     def _release_message(self, ref: str, force: bool):
         return self._call("Release", "st", (_text("reference", ref), RELEASE_FORCE if force else 0))
 
+    def _grant_message(self, ref: str):
+        return self._call("GetGrant", "s", (_text("reference", ref),))
+
     def _release_gpu_message(self, gpu: str, reason: str):
         return self._call("ReleaseGPU", "ss", (_text("GPU", gpu), _text("reason", reason)))
 
@@ -202,22 +211,6 @@ class _Base:
         }
         return {"allocation": allocation, "env": claim_env(allocation, use_index),
                 "warnings": list(grant["Warnings"][1])}
-
-    @staticmethod
-    def _find_allocation(status: dict, ref: str, use_index: bool) -> dict:
-        memory = {g["uuid"]: g["memory_bytes"] for g in status["gpus"]}
-        for c in status["claims"]:
-            if c["id"] == ref:
-                allocation = {
-                    "ref": ref, "state": c["state"], "mode": c["mode"],
-                    "gpu_uuids": c["gpu_uuids"], "gpu_indices": c["gpu_indices"],
-                    "pci_indices": c["pci_indices"],
-                    "gpu_memory_bytes": [memory[u] for u in c["gpu_uuids"]],
-                    "vram_bytes": c["vram_bytes"], "pools": c["pools"],
-                }
-                return {"allocation": allocation, "env": claim_env(allocation, use_index),
-                        "warnings": []}
-        raise NoSuchClaim(f"no claim {ref!r} (unknown or already released)")
 
     @staticmethod
     def _outcome(msg, use_index: bool) -> dict:
@@ -301,36 +294,39 @@ class Client(_Base):
         if not wait:
             ref, _path, grant = self._send(msg)
             return self._allocation(ref, grant, use_index)
+        ref, path, grant = self._send(msg)
+        if grant["State"][1] != "queued":
+            return self._allocation(ref, grant, use_index)
         conn = self._connection()
-        rule = MatchRule(sender=BUS_NAME, **_CLAIM_SIGNALS)
-        with conn.filter(MatchRule(**_CLAIM_SIGNALS), bufsize=1024) as signals:
-            self._body(conn.send_and_get_reply(message_bus.AddMatch(rule), timeout=self.timeout))
-            try:
-                ref, path, grant = self._send(msg)
-                if grant["State"][1] != "queued":
-                    return self._allocation(ref, grant, use_index)
-                return self._await_outcome(signals, ref, path, timeout, use_index)
-            finally:
-                with contextlib.suppress(Exception):
-                    conn.send(message_bus.RemoveMatch(rule))
-
-    def _await_outcome(self, signals, ref: str, path: str, timeout, use_index: bool) -> dict:
-        conn = self._connection()
+        local, rule = _outcome_rules(path)
         try:
-            while True:
+            with conn.filter(local, bufsize=16) as signals:
+                self._body(conn.send_and_get_reply(message_bus.AddMatch(rule), timeout=self.timeout))
                 try:
-                    msg = conn.recv_until_filtered(signals, timeout=None if timeout is None
-                                                   else timeout + self.timeout)
-                except TimeoutError:
-                    raise QueueTimeout(f"claim {ref} was not granted in time") from None
-                except OSError as exc:
-                    raise self._unreachable(self.bus, exc) from exc
-                if _is_outcome_of(msg, path):
-                    return self._outcome(msg, use_index)
+                    grant = self._send(self._grant_message(ref))[0]  # granted before we listened?
+                    if grant["State"][1] != "queued":
+                        return self._allocation(ref, grant, use_index)
+                    return self._await_outcome(signals, ref, path, timeout, use_index)
+                finally:
+                    with contextlib.suppress(Exception):
+                        conn.send(message_bus.RemoveMatch(rule))
         except BaseException:  # timed out, interrupted, or cancelled by the daemon
             with contextlib.suppress(NoSuchClaim, DaemonUnreachable):
                 self.release(ref)  # leave no trace in the queue
             raise
+
+    def _await_outcome(self, signals, ref: str, path: str, timeout, use_index: bool) -> dict:
+        conn = self._connection()
+        while True:
+            try:
+                msg = conn.recv_until_filtered(signals, timeout=None if timeout is None
+                                               else timeout + self.timeout)
+            except TimeoutError:
+                raise QueueTimeout(f"claim {ref} was not granted in time") from None
+            except OSError as exc:
+                raise self._unreachable(self.bus, exc) from exc
+            if _is_outcome_of(msg, path):
+                return self._outcome(msg, use_index)
 
     def release(self, ref: str, force: bool = False) -> list[str]:
         """Release a claim (a queued one leaves the queue); returns warnings.
@@ -380,7 +376,7 @@ class Client(_Base):
 
     def allocation(self, ref: str, use_index: bool = False) -> dict:
         """A live claim by reference, in the same shape ``claim`` returns."""
-        return self._find_allocation(self.status(), ref, use_index)
+        return self._allocation(ref, self._send(self._grant_message(ref))[0], use_index)
 
     def resources(self) -> dict:
         """The advisory RAM/disk health: ``{"level": ..., "checks": [...]}`` (see README)."""
@@ -493,28 +489,30 @@ class AsyncClient(_Base):
         if not wait:
             ref, _path, grant = await self._send(msg)
             return self._allocation(ref, grant, use_index)
+        ref, path, grant = await self._send(msg)
+        if grant["State"][1] != "queued":
+            return self._allocation(ref, grant, use_index)
         router = await self._connection()
-        rule = MatchRule(sender=BUS_NAME, **_CLAIM_SIGNALS)
-        with router.filter(MatchRule(**_CLAIM_SIGNALS), bufsize=1024) as signals:
-            self._body(await router.send_and_get_reply(message_bus.AddMatch(rule)))
-            ref = None
-            try:
-                ref, path, grant = await self._send(msg)
-                if grant["State"][1] != "queued":
-                    return self._allocation(ref, grant, use_index)
-                async with asyncio.timeout(None if timeout is None else timeout + self.timeout):
-                    while True:
-                        signal_msg = await signals.get()
-                        if _is_outcome_of(signal_msg, path):
-                            return self._outcome(signal_msg, use_index)
-            except (asyncio.CancelledError, TimeoutError):
-                if ref is not None:
+        local, rule = _outcome_rules(path)
+        try:
+            with router.filter(local, bufsize=16) as signals:
+                self._body(await router.send_and_get_reply(message_bus.AddMatch(rule)))
+                try:
+                    grant = (await self._send(self._grant_message(ref)))[0]
+                    if grant["State"][1] != "queued":
+                        return self._allocation(ref, grant, use_index)
+                    async with asyncio.timeout(None if timeout is None else timeout + self.timeout):
+                        while True:
+                            signal_msg = await signals.get()
+                            if _is_outcome_of(signal_msg, path):
+                                return self._outcome(signal_msg, use_index)
+                finally:
                     with contextlib.suppress(Exception):
-                        await self._send(self._release_message(ref, False))
-                raise
-            finally:
-                with contextlib.suppress(Exception):
-                    await router.send(message_bus.RemoveMatch(rule))
+                        await router.send(message_bus.RemoveMatch(rule))
+        except (asyncio.CancelledError, TimeoutError):
+            with contextlib.suppress(Exception):
+                await self._send(self._release_message(ref, False))
+            raise
 
     async def release(self, ref: str, force: bool = False) -> list[str]:
         return list((await self._send(self._release_message(ref, force)))[0])
@@ -551,7 +549,7 @@ class AsyncClient(_Base):
         return json.loads((await self._send(self._call("Describe")))[0])
 
     async def allocation(self, ref: str, use_index: bool = False) -> dict:
-        return self._find_allocation(await self.status(), ref, use_index)
+        return self._allocation(ref, (await self._send(self._grant_message(ref)))[0], use_index)
 
     async def free(self) -> int:
         return (await self._send(self._get_property("FreeGPUs")))[0][1]

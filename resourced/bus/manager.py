@@ -75,6 +75,7 @@ class ManagerInterface(Interface):
     OUT_NAMES = {
         "Claim": ("claim_id", "claim", "grant"),
         "GetClaim": ("claim",),
+        "GetGrant": ("grant",),
         "ListGPUs": ("gpus",),
         "ListClaims": ("claims",),
         "ListPools": ("pools",),
@@ -182,6 +183,11 @@ class ManagerInterface(Interface):
     @bus_errors
     def GetClaim(self, claim_id: "s") -> "o":
         return claim_path(self.engine.ledger.get(claim_id).id)
+
+    @dbus_method()
+    @bus_errors
+    def GetGrant(self, claim_id: "s") -> "a{sv}":
+        return self._grant(self.engine.ledger.get(claim_id))
 
     @dbus_method()
     @bus_errors
