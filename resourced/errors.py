@@ -25,6 +25,13 @@ the same class, and gpuctl maps the class to an exit code.  Append only: codes a
 ERROR_PREFIX = "org.resourced.Error."
 
 
+def quoted(value, limit: int = 64) -> str:
+    """A caller's value for an error message: its repr, cut to ``limit`` characters, so a
+    1 MB argument is never echoed back (into the reply and the log) whole."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 class ResourcedError(Exception):
     """Base of every error resourced reports; carries a stable ``code`` and a message."""
 

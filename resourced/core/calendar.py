@@ -25,7 +25,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 
-from ..errors import InvalidRequest, NoSuchClaim, NotClaimOwner, NotEnoughCapacity
+from ..errors import InvalidRequest, NoSuchClaim, NotClaimOwner, NotEnoughCapacity, quoted
 from .claims import Demand, check_text
 from .pools import format_amount
 from .timeline import Hold, Timeline
@@ -128,7 +128,7 @@ class Calendar:
             seen = self._ops.get((uid, op_id))
             if seen is not None:
                 if seen[0] != request.fingerprint():
-                    raise InvalidRequest(f"operation id {op_id!r} was used for another request")
+                    raise InvalidRequest(f"operation id {quoted(op_id)} was used for another request")
                 return self.bookings[seen[1]], "exists", []
         live = sum(1 for b in self.bookings.values() if b.uid == uid and b.state != ENDED)
         if self.limits.per_user and live >= self.limits.per_user:
@@ -228,7 +228,7 @@ class Calendar:
         try:
             return self.blackouts.pop(blackout_id)
         except KeyError:
-            raise NoSuchClaim(f"no blackout {blackout_id!r}") from None
+            raise NoSuchClaim(f"no blackout {quoted(blackout_id)}") from None
 
     # -- views -------------------------------------------------------------------------
     def slots(self, request: BookingRequest, now: int, count: int = 3) -> list[tuple[int, tuple[str, ...]]]:
@@ -304,12 +304,12 @@ class Calendar:
         gpus = [u for u in self.timeline.memory if allowed is None or u in allowed]
         unknown = set(request.named + request.excluded) - set(self.timeline.memory)
         if unknown:
-            raise InvalidRequest(f"no GPU {sorted(unknown)[0]!r}")
+            raise InvalidRequest(f"no GPU {quoted(sorted(unknown)[0])}")
         if demand.gpus > len(gpus):
             raise InvalidRequest(f"{demand.gpus} GPU(s) wanted, {len(gpus)} may be used")
         for name, amount in demand.pools:
             if name not in self.timeline.capacity:
-                raise InvalidRequest(f"no pool {name!r}")
+                raise InvalidRequest(f"no pool {quoted(name)}")
             if amount > self.timeline.capacity[name]:
                 raise InvalidRequest(f"more {name} than the pool holds")
 
@@ -335,7 +335,7 @@ class Calendar:
     def _own(self, booking_id: str, uid: int, admin: bool) -> Booking:
         booking = self.bookings.get(booking_id)
         if booking is None:
-            raise NoSuchClaim(f"no booking {booking_id!r}")
+            raise NoSuchClaim(f"no booking {quoted(booking_id)}")
         if not admin and uid not in (0, booking.uid):
             raise NotClaimOwner(f"booking {booking_id} belongs to {booking.user or booking.uid}")
         return booking

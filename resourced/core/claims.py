@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, quoted
 
 MODES = ("run", "dev")
 """run: bound to its processes, released when they are gone; dev: kept until released."""
@@ -62,7 +62,7 @@ class ClaimRequest:
 
     def __post_init__(self):
         if self.mode not in MODES:
-            raise InvalidRequest(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+            raise InvalidRequest(f"mode must be one of {', '.join(MODES)}, not {quoted(self.mode)}")
         for name, text in (("label", self.label), ("task name", self.task_name)):
             check_text(name, text)
 

@@ -42,6 +42,7 @@ from ..errors import (
     NotEnoughCapacity,
     NotEnoughGPUs,
     ResourcedError,
+    quoted,
 )
 from .claims import GRANTED, QUEUED, Claim, ClaimRequest, Demand, ProcessRef
 from .inventory import Gpu
@@ -175,14 +176,14 @@ class Ledger:
         try:
             return self.claims[claim_id]
         except KeyError:
-            raise NoSuchClaim(f"no claim {claim_id!r} (unknown or already released)") from None
+            raise NoSuchClaim(f"no claim {quoted(claim_id)} (unknown or already released)") from None
 
     def gpu_by_name(self, name: str) -> Gpu:
         """A GPU by alias, ``gpuN``, index or UUID."""
         for g in self.gpus.values():
             if name in (g.uuid, g.label, str(g.index)):
                 return g
-        raise InvalidRequest(f"no GPU called {name!r}")
+        raise InvalidRequest(f"no GPU called {quoted(name)}")
 
     # -- decisions -------------------------------------------------------------------
     def submit(self, request: ClaimRequest, claim_id: str, now_usec: int,
@@ -486,7 +487,7 @@ class Ledger:
         for name, amount in d.pools:
             pool = self.pools.get(name)
             if pool is None:
-                raise NoSuchPool(f"no pool {name!r}; pools: {', '.join(sorted(self.pools)) or 'none'}")
+                raise NoSuchPool(f"no pool {quoted(name)}; pools: {', '.join(sorted(self.pools)) or 'none'}")
             if amount > pool.capacity:
                 raise NotEnoughCapacity(
                     f"{format_amount(amount, pool.unit)} of {name} requested, "
