@@ -13,9 +13,13 @@
 #   util-linux    setpriv and runuser, to run commands as other users
 #   passwd        useradd, userdel, groupadd, groupdel, for their test users
 # Anyone but root is only told about those (the tests skip themselves without root).
+# The notification test with a real server needs, installed for root, mentioned otherwise:
+#   dunst         a real org.freedesktop.Notifications server
+#   xvfb          a display for it
 set -eu
 PATH="$PATH:/usr/sbin:/sbin"
 missing=""
+optional=""
 command -v dbus-daemon >/dev/null 2>&1 || missing="$missing dbus-daemon"
 command -v busctl >/dev/null 2>&1 || missing="$missing systemd"
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing="$missing python3-venv"
@@ -29,19 +33,24 @@ fi
 [ -x /usr/lib/polkit-1/polkitd ] || system="$system polkitd"
 { command -v setpriv && command -v runuser; } >/dev/null 2>&1 || system="$system util-linux"
 { command -v useradd && command -v groupadd; } >/dev/null 2>&1 || system="$system passwd"
+command -v dunst >/dev/null 2>&1 || optional="$optional dunst"
+command -v Xvfb >/dev/null 2>&1 || optional="$optional xvfb"
 
 if [ "$(id -u)" -ne 0 ]; then
     if [ -n "$system" ]; then
         echo "the multi-user tests (tests/system, run as root) would need:$system" >&2
+    fi
+    if [ -n "$optional" ]; then
+        echo "the test with a real notification server would need:$optional" >&2
     fi
     [ -z "$missing" ] && exit 0
     echo "resourced needs these Debian packages:$missing" >&2
     echo "install them with: sudo apt-get install -y$missing" >&2
     exit 1
 fi
-# Root: install both lists (python3-venv may be in both).
+# Root: install every list (python3-venv may be in two).
 all=""
-for p in $missing $system; do
+for p in $missing $system $optional; do
     case " $all " in *" $p "*) ;; *) all="$all $p" ;; esac
 done
 [ -z "$all" ] && exit 0
