@@ -68,6 +68,15 @@ def _outcome_rules(path: str) -> tuple[MatchRule, MatchRule]:
     return MatchRule(**fields), MatchRule(sender=BUS_NAME, **fields)
 
 
+START_HINTS = {
+    "session": "`systemctl --user start resourced` (after `gpuctl service enable --user`), "
+               "or `resourced --session`",
+    "system": "`sudo systemctl start resourced` (after `sudo gpuctl service enable --system`), "
+              "or one of your own: `resourced --session`",
+}
+"""How to start the daemon on each bus, for the message that says it is not there."""
+
+
 def requested_bus(bus: str | None) -> str | None:
     """The bus named by the caller or $RESOURCED_BUS; None means: find it."""
     bus = bus or os.environ.get("RESOURCED_BUS") or None
@@ -227,9 +236,21 @@ class _Base:
     def _decode_verify(body: tuple) -> list[dict]:
         return [_plain(report) for report in body[0]]
 
-    @staticmethod
-    def _unreachable(bus: str, exc: Exception) -> DaemonUnreachable:
-        return DaemonUnreachable(f"cannot reach the {bus} bus: {exc}")
+    def _unreachable(self, bus: str, exc: Exception) -> DaemonUnreachable:
+        """The bus itself could not be reached (or stopped answering)."""
+        why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        return DaemonUnreachable(f"cannot reach the {bus} bus ({why}){self._tried(bus)}; "
+                                 f"start the daemon: {START_HINTS[bus]}")
+
+    def _not_running(self, bus: str) -> DaemonUnreachable:
+        """The bus answered, but nobody owns org.resourced there."""
+        return DaemonUnreachable(f"the resourced daemon is not running on the {bus} bus"
+                                 f"{self._tried(bus)}; start it: {START_HINTS[bus]}")
+
+    def _tried(self, bus: str) -> str:
+        if self._requested_bus or bus == "session":
+            return ""
+        return ", and no daemon runs on the session bus"
 
 
 def _is_outcome_of(msg, path: str) -> bool:
@@ -275,7 +296,10 @@ class Client(_Base):
             reply = conn.send_and_get_reply(msg, timeout=self.timeout)
         except (OSError, TimeoutError) as exc:
             raise self._unreachable(self.bus, exc) from exc
-        return self._body(reply)
+        try:
+            return self._body(reply)
+        except DaemonUnreachable:
+            raise self._not_running(self.bus) from None
 
     def claim(self, mode: str = "dev", gpus: int = 1, task_name: str = "",
               owner_pid: int | None = None, label: str = "", use_index: bool = False,
@@ -474,7 +498,10 @@ class AsyncClient(_Base):
                 reply = await router.send_and_get_reply(msg)
         except (OSError, TimeoutError) as exc:
             raise self._unreachable(self.bus, exc) from exc
-        return self._body(reply)
+        try:
+            return self._body(reply)
+        except DaemonUnreachable:
+            raise self._not_running(self.bus) from None
 
     async def claim(self, mode: str = "dev", gpus: int = 1, task_name: str = "",
                     owner_pid: int | None = None, label: str = "", use_index: bool = False,

@@ -1,0 +1,29 @@
+"""With no daemon anywhere, gpuctl says which buses it tried and how to start one (exit 5)."""
+
+import pytest
+
+from ..conftest import gpuctl
+
+
+@pytest.fixture
+def no_daemon(private_bus, monkeypatch):
+    """The private session bus with nobody owning org.resourced, and no system bus."""
+    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", private_bus.address)
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent/system_bus_socket")
+
+
+def test_asked_for_the_session_bus_it_says_the_daemon_is_not_running_there(no_daemon):
+    r = gpuctl("status", "--bus", "session")
+    assert r.returncode == 5
+    assert r.stderr == ("gpuctl: the resourced daemon is not running on the session bus; start "
+                        "it: `systemctl --user start resourced` (after `gpuctl service enable "
+                        "--user`), or `resourced --session`\n")
+
+
+def test_looking_everywhere_it_names_both_buses_and_both_ways_to_start(no_daemon):
+    r = gpuctl("free")
+    assert r.returncode == 5
+    assert r.stderr.startswith("gpuctl: cannot reach the system bus (No such file or directory), "
+                               "and no daemon runs on the session bus; start the daemon: ")
+    assert "`sudo systemctl start resourced`" in r.stderr and "`resourced --session`" in r.stderr
+    assert r.stderr.count("\n") == 1
