@@ -254,7 +254,9 @@ class HealthBook:
 
     def update(self, name: str, level: str, measurement: Measurement | None,
                reason: str) -> list[LevelChanged]:
-        """Record a check's new reading; one event if its level changed, else none.
+        """Record a check's new reading; one event if its level changed, else none.  A
+        check's first reading is news only when it is not OK: "not measured yet" was never
+        announced, so a daemon that just started says nothing about healthy checks.
 
         ``measurement`` must be None exactly for ERROR and UNAVAILABLE.  The figures and
         the reason are replaced either way.
@@ -267,6 +269,6 @@ class HealthBook:
         old = self._states[name]
         self._states[name] = CheckState(old.name, old.type, old.path, old.limits, level,
                                         measurement, reason)
-        if old.level == level:
-            return []
+        if old.level == level or (old.reason == NOT_MEASURED and level == OK):
+            return []  # a first reading of OK changes nothing anyone was told
         return [LevelChanged(name, old.level, level, reason)]

@@ -115,3 +115,14 @@ def test_levels_never_block_claims(start_daemon, tmp_path, small_disk):
     with Client() as c:
         eventually(lambda: c.resources()["level"] == "STOP", timeout=5)
         c.claim(mode="dev", gpus=1, owner_pid=d.proc.pid)
+
+
+def test_a_daemon_that_starts_healthy_announces_no_level_change(start_daemon, tmp_path):
+    """No previous level, nothing to change from: a start with every check OK says nothing
+    (it used to log and signal UNAVAILABLE -> OK for each check)."""
+    path = tmp_path / "config.toml"
+    path.write_text('[[check]]\nname = "root"\ntype = "disk"\npath = "/"\nstop_free_pct = 0\n')
+    d = start_daemon(args=["--config", str(path)])
+    with Client() as c:
+        assert c.resources()["level"] == "OK"
+    assert "check root:" not in d.log()

@@ -136,8 +136,7 @@ def test_checks_start_unmeasured_and_unhealthy_with_their_limits():
 
 def test_one_event_per_change_and_none_while_the_level_stays():
     book = HealthBook(CHECKS)
-    first = book.update("data", OK, m(50 * GIB), "fine")
-    assert first == [LevelChanged("data", UNAVAILABLE, OK, "fine")]
+    assert book.update("data", OK, m(50 * GIB), "fine") == []  # a first OK is no news
     assert book.update("data", OK, m(40 * GIB), "still fine") == []
     assert book.state("data").measurement == m(40 * GIB)   # figures move without an event
     assert book.state("data").reason == "still fine"
@@ -145,6 +144,12 @@ def test_one_event_per_change_and_none_while_the_level_stays():
     assert stop == [LevelChanged("data", OK, STOP, "free 1G <= stop_free_gib 10")]
     assert book.update("data", STOP, m(GIB // 2), "worse") == []
     assert book.update("data", OK, m(50 * GIB), "ok") == [LevelChanged("data", STOP, OK, "ok")]
+
+
+def test_a_first_reading_that_is_not_ok_is_news():
+    book = HealthBook(CHECKS)
+    assert book.update("data", STOP, m(GIB), "low") == [LevelChanged("data", UNAVAILABLE, STOP,
+                                                                     "low")]
 
 
 def test_health_is_the_worst_check():

@@ -62,13 +62,13 @@ def test_one_round_measures_every_check_and_reports_the_changes(audits):
 
     events = run(monitor.sample_now())
 
-    assert [(e.check, e.old, e.new) for e in events] == [("ram", UNAVAILABLE, OK),
-                                                         ("data", UNAVAILABLE, STOP)]
-    assert events[1].reason == "free 5G <= stop_free_gib 10"
+    # A first reading of OK is no news; a first reading of STOP is.
+    assert [(e.check, e.old, e.new) for e in events] == [("data", UNAVAILABLE, STOP)]
+    assert events[0].reason == "free 5G <= stop_free_gib 10"
     assert monitor.health == STOP
     assert monitor.levels() == {"ram": OK, "data": STOP}
-    assert [fields["level"] for _, fields in audits] == [OK, STOP]
-    assert audits[1][1]["check"] == "data" and audits[1][1]["old_level"] == UNAVAILABLE
+    assert [fields["level"] for _, fields in audits] == [STOP]
+    assert audits[0][1]["check"] == "data" and audits[0][1]["old_level"] == UNAVAILABLE
 
 
 def test_states_are_plain_data_for_json():
@@ -161,7 +161,7 @@ def test_listeners_get_each_rounds_events_only_when_there_are_some():
     monitor.on_sample(samples.append)
 
     async def scenario():
-        await monitor.sample_now()                      # UNAVAILABLE -> OK
+        await monitor.sample_now()                      # a first OK: no event
         probes.figures["ram"] = Measurement(40, 100)
         await monitor.sample_now()                      # OK, figures moved
         probes.figures["ram"] = Measurement(12, 100)
@@ -170,14 +170,13 @@ def test_listeners_get_each_rounds_events_only_when_there_are_some():
         await monitor.sample_now()                      # WARN -> STOP
 
     run(scenario())
-    assert [[(e.old, e.new) for e in r] for r in rounds] == [
-        [(UNAVAILABLE, OK)], [(OK, WARN)], [(WARN, STOP)]]
+    assert [[(e.old, e.new) for e in r] for r in rounds] == [[(OK, WARN)], [(WARN, STOP)]]
     assert len(samples) == 4
     assert [s[0]["free_bytes"] for s in samples] == [50, 40, 12, 5]
 
 
 def test_a_failing_listener_does_not_stop_the_others():
-    monitor = HealthMonitor((RAM,), 30, 1, measure=Probes(ram=Measurement(50, 100)))
+    monitor = HealthMonitor((RAM,), 30, 1, measure=Probes(ram=Measurement(5, 100)))
     got = []
     monitor.subscribe(lambda events: 1 / 0)
     monitor.subscribe(got.append)
