@@ -211,7 +211,8 @@ def claim(gpus, vram, ram, cpu, pools, priority, wait, timeout, owner_pid, recla
 @click.option("--force", is_flag=True, help="Release even if the claim's processes still run.")
 @click.option("--reason", default="", help="Why (with --gpu); goes to the daemon's log.")
 @bus_option
-def release(allocation, gpu, force, reason, bus):
+@json_option
+def release(allocation, gpu, force, reason, bus, as_json):
     """Release a claim: by reference, or (to recover a lost claim) by GPU.
 
     A release is refused (exit 9) while the claim's processes still use its GPUs;
@@ -225,10 +226,15 @@ def release(allocation, gpu, force, reason, bus):
         raise click.UsageError("--gpu releases by force: add --force")
     with client(bus) as c:
         if gpu:
-            ref = c.release_gpu(gpu, reason)
-            click.echo(f"released {ref}", err=True)
+            ref, warnings = c.release_gpu(gpu, reason), []
         else:
-            _warn(c.release(allocation, force=force))
+            ref, warnings = allocation, c.release(allocation, force=force)
+    if as_json:
+        emit_json({"released": ref, "warnings": warnings})
+    elif gpu:
+        click.echo(f"released {ref}", err=True)
+    else:
+        _warn(warnings)
 
 
 @click.command()

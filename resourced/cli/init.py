@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from ._options import emit_json, json_option
+
 HEADER = """\
 # resourced configuration, written by `gpuctl init` from what the GPU driver reported.
 # Every key is documented in examples/config.toml of the resourced sources.
@@ -40,7 +42,8 @@ def default_path(system: bool) -> Path:
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
               help="Write here instead ('-' for standard output).")
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
-def init(system, output, force):
+@json_option
+def init(system, output, force, as_json):
     """Read the GPUs (NVML, or the simulation) and write a commented config listing them.
 
     Example: gpuctl init --system
@@ -66,5 +69,9 @@ def init(system, output, force):
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)
-    click.echo(f"wrote {path} ({len(gpus)} GPU(s), {backend.name} backend)", err=True)
+    if as_json:
+        emit_json({"path": str(path), "backend": backend.name,
+                   "gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name} for g in gpus]})
+    else:
+        click.echo(f"wrote {path} ({len(gpus)} GPU(s), {backend.name} backend)", err=True)
     sys.stdout.flush()

@@ -1,6 +1,7 @@
 """Development claims through gpuctl: claim, env, run --allocation, release, owners that die."""
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -203,3 +204,18 @@ def test_claim_pins_the_owner_by_start_time(daemon, owner):
     assert claim_record(ref)["owner_pid"] == owner.pid
     assert pid == {"type": "u", "data": owner.pid}
     assert start == {"type": "t", "data": stat_start_time(owner.pid)}
+
+
+def test_release_and_init_speak_json_too(daemon, tmp_path):
+    ref = gpuctl("claim", "--owner-pid", str(os.getpid())).stdout.strip()
+    r = gpuctl("release", "--allocation", ref, "--json")
+    assert (r.returncode, json.loads(r.stdout)) == (0, {"released": ref, "warnings": []})
+    ref = gpuctl("claim", "--owner-pid", str(os.getpid())).stdout.strip()
+    r = gpuctl("release", "--gpu", "0", "--force", "--reason", "test", "--json")
+    assert (r.returncode, json.loads(r.stdout)) == (0, {"released": ref, "warnings": []})
+
+    path = tmp_path / "config.toml"
+    r = gpuctl("init", "-o", str(path), "--json", env={"RESOURCED_SIMULATED_GPUS": "2"})
+    data = json.loads(r.stdout)
+    assert r.returncode == 0 and data["path"] == str(path) and data["backend"] == "simulated"
+    assert [g["index"] for g in data["gpus"]] == [0, 1] and path.exists()
