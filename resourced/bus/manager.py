@@ -423,12 +423,12 @@ class ManagerInterface(Interface):
         return False
 
     def _publish(self, events: list[Event]) -> None:
-        """Objects, signals and PropertiesChanged for a batch of engine events, each once.
+        """Signals and PropertiesChanged for a batch of engine events, each once.
 
         They go out (with the values of now) just after the reply to the call that caused
-        them, so the caller is not kept waiting while the bus routes them.  A new object is
-        exported then too: before the loop reads the caller's next message, so a call to
-        the path the reply named always finds it."""
+        them, so the caller is not kept waiting while the bus routes them.  A claim whose
+        signals are due gets its object first (``_claim_object``); the others get theirs
+        when a call needs it (``_export_claims_for``)."""
         out: list[tuple] = []  # (function, args), in order
         touched_gpus: set[str] = set()
         touched_pools: set[str] = set()
