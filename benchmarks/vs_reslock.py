@@ -1,4 +1,5 @@
-"""resourced against reslock 0.2.0 (its predecessor), in the same run on the same machine.
+"""resourced against reslock 0.2.0 and 0.12.3 (its predecessor), in the same run on the same
+machine.
 
 reslock coordinates through one JSON state file under a file lock: a waiter polls it
 every 250 ms (``poll_interval``), and a dead holder's lease is dropped only when some
@@ -25,11 +26,13 @@ script, driven through a small adapter over each library's documented API
     1 s after such a kill when no other process calls at all; then a zombie holder
     (killed, never reaped by its parent) against a waiter, capped at --zombie-cap s.
 
-reslock is installed (``pip install reslock==0.2.0``, from PyPI) into a virtualenv kept
-in the temporary folder across runs, unless ``--reslock-python`` names an interpreter
-that has it.
+Each reslock version is installed (``pip install reslock==VERSION``, from PyPI) into a
+virtualenv of its own kept in the temporary folder across runs; ``--reslock VERSION``
+(repeatable) picks the versions, both by default.  Both take the same adapter: 0.12.3
+still has ``ResourcePool(path).acquire/try_acquire(**counts)``, ``status().available``
+and ``reslock.state.transact``.
 
-    python benchmarks/vs_reslock.py [--seconds 10] [--rounds 30] [--try-n 1000]
+    python benchmarks/vs_reslock.py [--seconds 10] [--rounds 30] [--try-n 1000] [--reslock 0.2.0]
 """
 
 import argparse
@@ -47,7 +50,7 @@ from pathlib import Path
 
 from _harness import clean_env, daemon_on_private_bus, machine_line, summary
 
-RESLOCK_VERSION = "0.2.0"
+RESLOCK_VERSIONS = ("0.2.0", "0.12.3")
 POOL_CONFIG = '[[pool]]\nname = "slots"\ncapacity = 2\n'
 CAPACITY = 2
 
@@ -74,16 +77,20 @@ class Reslock:
     then closes, which flushes), so a process that takes the lock meanwhile can read it
     empty or torn and fail with a pydantic ValidationError.  Such failures are counted in
     ``errors`` and retried, so the figures are reslock's as it would be used with retries;
-    a failed release is retried too, else its units would stay taken for good."""
+    a failed release is retried too, else its units would stay taken for good.  reslock
+    0.12.3 instead gives up on its file lock after 5 s under contention
+    (portalocker's AlreadyLocked): counted and retried the same way."""
     def __init__(self):
+        from portalocker.exceptions import LockException
         from reslock import ResourcePool
         self.p = ResourcePool(state)
         self.errors = 0
+        self.failures = (ValueError, LockException)
     def _retry(self, fn):
         for _ in range(1000):
             try:
                 return fn()
-            except ValueError:                  # pydantic's ValidationError
+            except self.failures:               # a torn read, or a lock given up on
                 self.errors += 1
                 time.sleep(0.001)
         raise RuntimeError("reslock state file unreadable 1000 times in a row")
@@ -95,7 +102,7 @@ class Reslock:
         def give():
             try:
                 cm.__exit__(None, None, None)
-            except ValueError:
+            except self.failures:
                 self.errors += 1
                 lease._released = False         # the release did not happen: again
                 self._retry(lease.release)
@@ -374,34 +381,34 @@ def wait_held(side: Side, pid: int, timeout: float = 15.0) -> None:
 
 
 # -- setting up --------------------------------------------------------------------------------
-def reslock_python(given: str | None) -> str:
-    """An interpreter with reslock RESLOCK_VERSION: ``given``, or a cached virtualenv."""
-    if given:
-        return given
-    venv = Path(tempfile.gettempdir()) / f"resourced-bench-reslock-{RESLOCK_VERSION}"
+def reslock_python(version: str) -> str:
+    """An interpreter with reslock ``version``: a virtualenv cached across runs."""
+    venv = Path(tempfile.gettempdir()) / f"resourced-bench-reslock-{version}"
     python = venv / "bin" / "python"
     check = [str(python), "-c", "import importlib.metadata as m; print(m.version('reslock'))"]
     if python.exists():
         found = subprocess.run(check, capture_output=True, text=True, check=False).stdout
-        if found.strip() == RESLOCK_VERSION:
+        if found.strip() == version:
             return str(python)
-    print(f"installing reslock=={RESLOCK_VERSION} into {venv} ...", file=sys.stderr)
+    print(f"installing reslock=={version} into {venv} ...", file=sys.stderr)
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", f"reslock=={RESLOCK_VERSION}"],
+    subprocess.run([str(python), "-m", "pip", "install", "-q", f"reslock=={version}"],
                    check=True)
     return str(python)
 
 
-def reslock_side(python: str, folder: str) -> Side:
+def reslock_side(version: str, folder: str) -> Side:
+    python = reslock_python(version)
     state = os.path.join(folder, "state.json")
+    os.makedirs(folder, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RESOURCED_", "DBUS_"))}
     subprocess.run([python, "-c", (
         "import sys; from pathlib import Path; from reslock.state import ensure_state_file, "
         "transact; p = Path(sys.argv[1]); ensure_state_file(p); "
         f"transact(p, lambda s: s.resources.update(gpu_slots={CAPACITY}))"), state],
         check=True, env=env)
-    return Side(f"reslock {RESLOCK_VERSION}", python, env, state)
+    return Side(f"reslock {version}", python, env, state)
 
 
 def ms(seconds: float) -> str:
@@ -441,10 +448,11 @@ def main() -> None:
     p.add_argument("--try-n", type=int, default=1000, help="(c) calls per library (1000)")
     p.add_argument("--kill-rounds", type=int, default=10, help="(d) kills per library (10)")
     p.add_argument("--zombie-cap", type=float, default=3.0, help="(d) zombie wait cap, s (3)")
-    p.add_argument("--reslock-python", help="an interpreter that has reslock installed")
+    p.add_argument("--reslock", action="append", choices=RESLOCK_VERSIONS,
+                   help="a reslock version to measure (repeatable; default: all)")
     args = p.parse_args()
+    versions = args.reslock or list(RESLOCK_VERSIONS)
 
-    python = reslock_python(args.reslock_python)
     folder = tempfile.mkdtemp(prefix="resourced-vs-reslock-")
     config_home = os.path.join(folder, "config")
     os.makedirs(os.path.join(config_home, "resourced"))
@@ -456,8 +464,9 @@ def main() -> None:
         with daemon_on_private_bus(gpus=1) as bus:
             side = Side("resourced", sys.executable, clean_env(bus.address))
             results[side.name] = run(side, args)
-        other = reslock_side(python, os.path.join(folder, "reslock"))
-        results[other.name] = run(other, args)
+        for version in versions:
+            other = reslock_side(version, os.path.join(folder, f"reslock-{version}"))
+            results[other.name] = run(other, args)
     finally:
         if saved is None:
             os.environ.pop("XDG_CONFIG_HOME", None)
@@ -474,7 +483,7 @@ ROWS = [
     ("", "grants/process min / max", "per process"),
     ("", "spread max/min", "spread"),
     ("", "grants per process", "counts"),
-    ("", "torn state reads, retried", "errors"),
+    ("", "torn reads or lock time-outs, retried", "errors"),
     ("(c) try_acquire+release, uncontended", "p50", "try p50"),
     ("", "p99", "try p99"),
     ("(d) SIGKILLed holder -> waiter's grant", "p50", "kill p50"),
@@ -486,7 +495,7 @@ ROWS = [
 
 def report(results: dict[str, dict], args) -> None:
     names = list(results)
-    print(f"\nresourced vs reslock {RESLOCK_VERSION}: pool of {CAPACITY}, same machine, same run; "
+    print(f"\nresourced vs {', '.join(names[1:])}: pool of {CAPACITY}, same machine, same run; "
           f"(a) {args.rounds} rounds, (b) {args.seconds:g} s each, (c) {args.try_n} calls, "
           f"(d) {args.kill_rounds} kills")
     print(machine_line())
@@ -500,6 +509,11 @@ def report(results: dict[str, dict], args) -> None:
     p50 = results["resourced"]["wake p50"]
     value = float(p50.split()[0]) / (1 if p50.endswith(" ms") else 1e-3)
     print(f"\ntarget: resourced wake-up median < 10 ms: {'met' if value < 10 else 'MISSED'} ({p50})")
+    ours = float(results["resourced"]["throughput"].split()[0])
+    for name in names[1:]:
+        ratio = ours / max(float(results[name]["throughput"].split()[0]), 1e-9)
+        print(f"target: (b) throughput at least 2x {name}'s: "
+              f"{'met' if ratio >= 2 else 'MISSED'} ({ratio:.2f}x)")
 
 
 if __name__ == "__main__":
