@@ -76,6 +76,9 @@ def enable(user, system, dry_run, root, config):
     # Staged files are for another system: assume it has systemd-sysusers, as systemd does.
     sysusers = root is not None or shutil.which("systemd-sysusers") is not None
     config = os.path.abspath(config) if config else None
+    if root is None:
+        _check_config(config or (install.DEFAULT_SYSTEM_CONFIG if mode == install.SYSTEM
+                                 else None), mode, dry_run)
     plan = _plan(lambda: install.plan_enable(
         mode, sys.executable, config, root or "/", sysusers=sysusers,
         group=_access_group(config or install.DEFAULT_SYSTEM_CONFIG)))
@@ -97,6 +100,24 @@ def disable(user, system, dry_run, root):
     mode = _mode(user, system)
     _carry_out(_plan(lambda: install.plan_disable(mode, root or "/")),
                dry_run=dry_run, staged=root is not None)
+
+
+def _check_config(path: str | None, mode: str, dry_run: bool) -> None:
+    """The unit names this config file: it must be there and valid before anything is
+    started, or the service fails at once and restarts in a loop."""
+    from ..config import ConfigError, find_config, load_config
+
+    if path is None:
+        return  # the user service without --config: the daemon's own lookup, defaults at worst
+    try:
+        load_config(find_config(path))
+    except ConfigError as exc:
+        init = "sudo gpuctl init --system" if mode == install.SYSTEM else f"gpuctl init -o {path}"
+        message = (f"{exc}; the service would fail at once: write it first (`{init}` lists "
+                   "this machine's GPUs), or name another with --config")
+        if not dry_run:
+            raise GpuctlError(message, EXIT_USAGE) from exc
+        click.echo(f"gpuctl: warning: {message}", err=True)
 
 
 def _access_group(config_path: str) -> str:

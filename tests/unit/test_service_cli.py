@@ -162,6 +162,8 @@ def test_without_systemd_disable_removes_the_files_and_exits_10(
 def test_with_systemd_enable_writes_then_runs_each_command(
         monkeypatch, tmp_path, home, commands, capsys):
     _systemd(monkeypatch, tmp_path, running=True)
+    monkeypatch.chdir(tmp_path)
+    Path("gpus.toml").write_text("")  # enable checks the config the unit will name
 
     assert main(["service", "enable", "--user", "--config", "gpus.toml"]) == 0
 
@@ -211,3 +213,27 @@ def test_a_failing_command_ends_with_its_reason_on_one_line(
     assert err == ("gpuctl: systemctl --user daemon-reload failed (exit 1): "
                    "Failed to connect to bus: No medium found\n")
     assert ran == [("systemctl", "--user", "daemon-reload")]  # enable never ran
+
+
+def test_enable_refuses_a_config_file_the_service_could_not_start_with(tmp_path, home):
+    missing = tmp_path / "nowhere.toml"
+    done = gpuctl("service", "enable", "--user", "--config", str(missing), home=home)
+    assert done.returncode == 2
+    assert done.stderr == (f"gpuctl: {missing}: no such file; the service would fail at once: "
+                           f"write it first (`gpuctl init -o {missing}` lists this machine's "
+                           "GPUs), or name another with --config\n")
+    assert _tree(home) == []  # nothing written, nothing started
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[daemon]\nprobe_timeout = -1\n")
+    done = gpuctl("service", "enable", "--user", "--config", str(bad), home=home)
+    assert done.returncode == 2 and "daemon.probe_timeout" in done.stderr
+
+
+def test_a_dry_run_only_warns_of_a_missing_config(tmp_path, home):
+    missing = tmp_path / "nowhere.toml"
+    done = gpuctl("service", "enable", "--system", "--dry-run", "--config", str(missing),
+                  home=home)
+    assert done.returncode == 0
+    assert done.stderr.startswith(f"gpuctl: warning: {missing}: no such file; the service "
+                                  "would fail at once: write it first (`sudo gpuctl init --system`")
