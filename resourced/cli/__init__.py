@@ -51,7 +51,10 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gpuctl")
-def cli():
+@click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
+              show_default=True, help="Colour for what must be noticed (STOP, DEAD, "
+              "UNCLAIMED USE...); auto: on a terminal, unless NO_COLOR is set.")
+def cli(color):
     """Share the GPUs of one machine: claim, run, release, and see who holds what.
 
     Exit codes: 0 ok, 1 other error, 2 bad usage, 3 not enough GPUs, 4 GPUs busy with

@@ -17,6 +17,40 @@ def json_option(fn):
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(fn)
 
 
+RED, YELLOW = "31", "33"
+ALERTS = {"STOP": RED, "DEAD": RED, "UNCLAIMED USE": RED, "FOREIGN PROCESS": RED,
+          "MISSING": RED, "ERROR": RED, "WARN": YELLOW, "UNKNOWN": YELLOW,
+          "UNAVAILABLE": YELLOW}
+"""The words a person must notice in a table, and their colour."""
+
+
+def colour_wanted() -> bool:
+    """``--color=always|never``, else none where ``NO_COLOR`` is set (no-color.org), else
+    only on a terminal that is not dumb."""
+    import os
+    import sys
+
+    ctx = click.get_current_context(silent=True)
+    choice = ctx.find_root().params.get("color", "auto") if ctx else "auto"
+    if choice != "auto":
+        return choice == "always"
+    if os.environ.get("NO_COLOR"):
+        return False
+    return sys.stdout.isatty() and os.environ.get("TERM") != "dumb"
+
+
+def echo_table(text: str) -> None:
+    """Print a rendered table, its alert words in colour when colour is wanted (the
+    columns are padded first, so the colour never shifts them)."""
+    import re
+
+    wanted = colour_wanted()
+    if wanted:
+        alert = re.compile(r"\b(" + "|".join(map(re.escape, ALERTS)) + r")\b")
+        text = alert.sub(lambda m: f"\x1b[{ALERTS[m[1]]}m{m[1]}\x1b[0m", text)
+    click.echo(text, color=wanted)
+
+
 def emit_json(data) -> None:
     """Sorted keys; indented for a person at a terminal, one line for a program (the
     indenting encoder is pure Python: 10 times slower on a status of 10,000 claims)."""

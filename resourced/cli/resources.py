@@ -5,7 +5,7 @@ import os
 import click
 
 from ._errors import EXIT_USAGE, GpuctlError
-from ._options import bus_option, emit_json, json_option
+from ._options import bus_option, echo_table, emit_json, json_option
 
 COLUMNS = ("CHECK", "TYPE", "PATH", "LEVEL", "FREE", "TOTAL", "USED%", "LIMITS", "REASON")
 
@@ -99,5 +99,5 @@ def resources(bus, as_json, config_file):
     if as_json:
         emit_json({**health, "source": source})
     else:
-        click.echo(render_resources(health))
+        echo_table(render_resources(health))
     return 0

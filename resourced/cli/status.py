@@ -4,7 +4,7 @@ import time
 
 import click
 
-from ._options import bus_option, client, emit_json, json_option
+from ._options import bus_option, client, echo_table, emit_json, json_option
 
 
 MAX_HOLDERS = 5
@@ -114,7 +114,7 @@ def status(bus, as_json):
     if as_json:
         emit_json(data)
     else:
-        click.echo(render_status(data, time.time()))
+        echo_table(render_status(data, time.time()))
 
 
 @click.command()
@@ -191,5 +191,5 @@ def verify(bus, as_json):
     if as_json:
         emit_json({"gpus": reports, "problems": problems})
     else:
-        click.echo(render_verify(reports))
+        echo_table(render_verify(reports))
     return 1 if problems else 0
