@@ -69,6 +69,38 @@ def client(bus: str | None):
     return Client(bus=bus, interactive=sys.stdin.isatty())
 
 
+def _daemon_view(ctx) -> dict | None:
+    """The daemon's Describe, for completion: None when it cannot be had at once."""
+    from ..client import Client
+
+    try:
+        with Client(bus=ctx.params.get("bus"), timeout=2) as c:
+            return c.status()
+    except Exception:  # noqa: BLE001 - completion offers nothing rather than failing
+        return None
+
+
+def complete_claims(ctx, param, incomplete):
+    """Shell completion of a claim reference, from the daemon's live claims."""
+    from click.shell_completion import CompletionItem
+
+    view = _daemon_view(ctx) or {"claims": []}
+    return [CompletionItem(c["id"], help=" ".join(filter(None, (c["user"], c["mode"],
+                                                                  c["task_name"]))))
+            for c in view["claims"] if c["id"].startswith(incomplete)]
+
+
+def complete_gpus(ctx, param, incomplete):
+    """Shell completion of a GPU: its alias (or index, or UUID), from the daemon."""
+    from click.shell_completion import CompletionItem
+
+    view = _daemon_view(ctx) or {"gpus": []}
+    names = [(g["alias"], g["state"]) for g in view["gpus"]]
+    names += [(str(g["index"]), g["alias"]) for g in view["gpus"]]
+    names += [(g["uuid"], g["alias"]) for g in view["gpus"]]
+    return [CompletionItem(name, help=why) for name, why in names if name.startswith(incomplete)]
+
+
 class Amount(click.ParamType):
     """``4G``, ``512M``, ``1.5T`` (binary units) or a plain count."""
 

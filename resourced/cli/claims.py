@@ -7,7 +7,17 @@ import time
 
 import click
 
-from ._options import Amount, Duration, PoolAmount, bus_option, client, emit_json, json_option
+from ._options import (
+    Amount,
+    Duration,
+    PoolAmount,
+    bus_option,
+    client,
+    complete_claims,
+    complete_gpus,
+    emit_json,
+    json_option,
+)
 
 UINT32_MAX = 2**32 - 1  # what a D-Bus 'u' can carry (the client checks it too)
 INT32 = click.IntRange(-2**31, 2**31 - 1)
@@ -55,7 +65,8 @@ index_option = click.option(
 
 @click.command(context_settings={"allow_interspersed_args": False})
 @demand_options
-@click.option("--allocation", metavar="REF", help="Run on this development claim instead.")
+@click.option("--allocation", metavar="REF", shell_complete=complete_claims,
+              help="Run on this development claim instead.")
 @click.option("--reclaimable", is_flag=True,
               help="The daemon may ask the GPUs back for a higher-priority waiter: the command "
               "then gets --reclaim-signal and should finish soon.")
@@ -206,8 +217,10 @@ def claim(gpus, vram, ram, cpu, pools, priority, wait, timeout, owner_pid, recla
 
 
 @click.command()
-@click.option("--allocation", metavar="REF", help="The claim to release.")
-@click.option("--gpu", metavar="GPU", help="Release whatever claim holds this GPU (with --force).")
+@click.option("--allocation", metavar="REF", shell_complete=complete_claims,
+              help="The claim to release.")
+@click.option("--gpu", metavar="GPU", shell_complete=complete_gpus,
+              help="Release whatever claim holds this GPU (with --force).")
 @click.option("--force", is_flag=True, help="Release even if the claim's processes still run.")
 @click.option("--reason", default="", help="Why (with --gpu); goes to the daemon's log.")
 @bus_option
@@ -238,7 +251,8 @@ def release(allocation, gpu, force, reason, bus, as_json):
 
 
 @click.command()
-@click.option("--allocation", metavar="REF", required=True, help="The claim.")
+@click.option("--allocation", metavar="REF", required=True, shell_complete=complete_claims,
+              help="The claim.")
 @index_option
 @bus_option
 @json_option
