@@ -17,7 +17,7 @@ def complete(words: str) -> list[str]:
     r = subprocess.run([sys.executable, "-m", "resourced.cli"], env=env, capture_output=True,
                        text=True, timeout=30)
     assert (r.returncode, r.stderr) == (0, "")
-    return [line.split(",", 1)[1] for line in r.stdout.splitlines()]
+    return [line.split(",", 1)[1] for line in r.stdout.splitlines() if line]
 
 
 @pytest.mark.parametrize("words, offered", [
