@@ -10,7 +10,8 @@ from ._options import emit_json, json_option
 
 HEADER = """\
 # resourced configuration, written by `gpuctl init` from what the GPU driver reported.
-# Every key is documented in examples/config.toml of the resourced sources.
+# Every key is documented in examples/config.toml of the resourced sources (installed
+# as share/resourced/examples/config.toml beside the package's environment).
 # Once [[gpu]] entries exist, only the listed GPUs are managed: delete an entry to keep
 # resourced away from that GPU; change an alias to rename it.
 
