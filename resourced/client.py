@@ -26,6 +26,7 @@ Errors raise ``resourced.ResourcedError`` subclasses with ``.code`` and ``.messa
 
 import contextlib
 import os
+from collections.abc import Callable
 
 from jeepney import DBusAddress, MatchRule, MessageFlag, MessageType, new_method_call
 from jeepney.bus_messages import message_bus
@@ -59,6 +60,11 @@ _PEER = DBusAddress(MANAGER_PATH, bus_name=BUS_NAME, interface="org.freedesktop.
 # (messages carry the daemon's unique name), so the local rule matches on the rest.
 _LEVEL_SIGNALS = dict(type="signal", interface=MANAGER_IFACE, member="LevelChanged",
                       path=MANAGER_PATH)
+
+
+_QUEUE_CHANGES = MatchRule(sender=BUS_NAME, type="signal", interface=MANAGER_IFACE,
+                           path=MANAGER_PATH)
+"""ClaimNew, ClaimRemoved (and the Manager's other signals): when a waiter's place may move."""
 
 
 def _outcome_rules(path: str) -> tuple[MatchRule, MatchRule]:
@@ -305,14 +311,19 @@ class Client(_Base):
               owner_pid: int | None = None, label: str = "", use_index: bool = False,
               member_pids: tuple[int, ...] = (), vram=None, ram=None, cpu=None,
               pools: dict | None = None, priority: int = 0, wait: bool = False,
-              timeout: float | None = None, reclaimable: bool = False) -> dict:
+              timeout: float | None = None, reclaimable: bool = False,
+              progress: Callable[[dict], None] | None = None) -> dict:
         """Claim GPUs, a VRAM share and/or pool amounts, all or nothing; returns
         ``{"allocation": {"ref": ...}, "env": {...}, "warnings": [...]}``.
 
         Amounts are bytes or strings like ``"4G"``.  ``member_pids`` are further processes
         of yours that belong to the claim from the start.  With ``wait`` the request
         queues (by ``priority``, then arrival) until granted; ``timeout`` seconds later it
-        gives up with ``QueueTimeout``; an interrupted wait leaves the queue."""
+        gives up with ``QueueTimeout``; an interrupted wait leaves the queue.  While it
+        waits, ``progress`` (if given) is called once queued and again whenever a claim
+        comes or goes, with ``{"position", "waiting", "claim", "holders", "units"}``: its
+        place in the queue (1 is next), how many wait, its record and the records of the
+        claims holding what it wants (as in ``status()``), and each pool's unit."""
         msg = self._claim_message(mode, gpus, owner_pid, label, task_name, member_pids, vram,
                                   ram, cpu, pools, priority, wait, timeout, reclaimable)
         if not wait:
@@ -323,24 +334,33 @@ class Client(_Base):
             return self._allocation(ref, grant, use_index)
         conn = self._connection()
         local, rule = _outcome_rules(path)
+        rules = [rule, _QUEUE_CHANGES] if progress else [rule]
+        if progress:  # the bus sends only what the rules ask for: any signal is one of them
+            local = MatchRule(type="signal")
         try:
-            with conn.filter(local, bufsize=16) as signals:
-                self._body(conn.send_and_get_reply(message_bus.AddMatch(rule), timeout=self.timeout))
+            with conn.filter(local, bufsize=64) as signals:
+                for r in rules:
+                    self._body(conn.send_and_get_reply(message_bus.AddMatch(r),
+                                                       timeout=self.timeout))
                 try:
                     grant = self._send(self._grant_message(ref))[0]  # granted before we listened?
                     if grant["State"][1] != "queued":
                         return self._allocation(ref, grant, use_index)
-                    return self._await_outcome(signals, ref, path, timeout, use_index)
+                    return self._await_outcome(signals, ref, path, timeout, use_index, progress)
                 finally:
-                    with contextlib.suppress(Exception):
-                        conn.send(message_bus.RemoveMatch(rule))
+                    for r in rules:
+                        with contextlib.suppress(Exception):
+                            conn.send(message_bus.RemoveMatch(r))
         except BaseException:  # timed out, interrupted, or cancelled by the daemon
             with contextlib.suppress(NoSuchClaim, DaemonUnreachable):
                 self.release(ref)  # leave no trace in the queue
             raise
 
-    def _await_outcome(self, signals, ref: str, path: str, timeout, use_index: bool) -> dict:
+    def _await_outcome(self, signals, ref: str, path: str, timeout, use_index: bool,
+                       progress=None) -> dict:
         conn = self._connection()
+        if progress:
+            self._report_place(ref, progress)
         while True:
             try:
                 msg = conn.recv_until_filtered(signals, timeout=None if timeout is None
@@ -351,6 +371,23 @@ class Client(_Base):
                 raise self._unreachable(self.bus, exc) from exc
             if _is_outcome_of(msg, path):
                 return self._outcome(msg, use_index)
+            if progress and msg.header.fields.get(HeaderFields.member) in ("ClaimNew",
+                                                                           "ClaimRemoved"):
+                self._report_place(ref, progress)
+
+    def _report_place(self, ref: str, progress: Callable[[dict], None]) -> None:
+        """Where a waiting claim stands, for ``claim(progress=...)``."""
+        view = self.status()
+        claims = {c["id"]: c for c in view["claims"]}
+        if ref not in view["queue"]:
+            return  # granted or gone: its own signal says which
+        me = claims[ref]
+        wants_gpus = bool(me["gpus_requested"] or me["vram_bytes"])
+        holders = [c for c in view["claims"] if c["state"] == "granted" and (
+            (wants_gpus and c["gpu_uuids"]) or set(c["pools"]) & set(me["pools"]))]
+        progress({"position": view["queue"].index(ref) + 1, "waiting": len(view["queue"]),
+                  "claim": me, "holders": holders,
+                  "units": {p["name"]: p["unit"] for p in view["pools"]}})
 
     def release(self, ref: str, force: bool = False) -> list[str]:
         """Release a claim (a queued one leaves the queue); returns warnings.

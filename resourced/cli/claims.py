@@ -3,6 +3,7 @@
 import contextlib
 import os
 import shlex
+import sys
 import time
 
 import click
@@ -38,10 +39,49 @@ def demand_options(fn):
         click.option("--wait", is_flag=True, help="Queue until it fits instead of exit 3."),
         click.option("--timeout", type=Duration(),
                      help="With --wait: give up after this long (90, 30s, 5m, 1h); exit 11."),
+        click.option("--quiet", "-q", is_flag=True,
+                     help="With --wait: say nothing while queued (on a terminal, the place in "
+                     "the queue and who holds what it waits for are shown)."),
     ]
     for option in reversed(options):
         fn = option(fn)
     return fn
+
+
+class WaitingLine:
+    """While a claim waits, one line on a terminal's stderr saying where it stands, redrawn
+    when that changes (Slurm's srun and apt's lock wait are the models); nothing when
+    stderr is not a terminal or when ``on`` is false (--quiet, or not --wait)."""
+
+    def __init__(self, on: bool):
+        self.on = on and sys.stderr.isatty()
+        self.drawn = False
+
+    def __enter__(self) -> "WaitingLine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.drawn:
+            sys.stderr.write("\r\x1b[K")  # the line goes: the command's output follows
+            sys.stderr.flush()
+
+    @property
+    def show(self):
+        """The ``progress`` callback for ``Client.claim``, or None when nothing is shown."""
+        return self._draw if self.on else None
+
+    def _draw(self, place: dict) -> None:
+        from .status import wanted
+
+        me = place["claim"]
+        held = [f"{c['user']} ({c['id']})" for c in place["holders"]]
+        holders = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        line = (f"gpuctl: {me['id']} waits for {wanted(me, place['units'])}: "
+                f"{place['position']} of {place['waiting']} in the queue"
+                + (f"; held by {holders}" if holders else ""))
+        sys.stderr.write("\r\x1b[K" + line)
+        sys.stderr.flush()
+        self.drawn = True
 
 
 def demand(gpus, vram, ram, cpu, pools) -> dict:
@@ -77,7 +117,7 @@ index_option = click.option(
 @task_option
 @bus_option
 @click.argument("command", nargs=-1, required=True, metavar="-- COMMAND [ARGS]...")
-def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, allocation, reclaimable,
+def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, quiet, allocation, reclaimable,
         reclaim_signal, use_index, label, task_name, bus, command):
     """Run COMMAND on GPUs and/or pool amounts and return its exit code.
 
@@ -100,10 +140,12 @@ def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, allocation, reclai
             if allocation:
                 granted = c.allocation(allocation, use_index)
             else:
-                granted = c.claim(mode="run", owner_pid=child.pid, label=label,
-                                  task_name=task_name, use_index=use_index,
-                                  member_pids=[os.getpid()], priority=priority, wait=wait,
-                                  timeout=timeout, reclaimable=reclaimable, **asked)
+                with WaitingLine(wait and not quiet) as line:
+                    granted = c.claim(mode="run", owner_pid=child.pid, label=label,
+                                      task_name=task_name, use_index=use_index,
+                                      member_pids=[os.getpid()], priority=priority, wait=wait,
+                                      timeout=timeout, reclaimable=reclaimable,
+                                      progress=line.show, **asked)
         except BaseException:
             child.cancel()
             raise
@@ -199,16 +241,17 @@ def _release_after_run(c, ref: str) -> None:
 @index_option
 @bus_option
 @json_option
-def claim(gpus, vram, ram, cpu, pools, priority, wait, timeout, owner_pid, reclaimable,
+def claim(gpus, vram, ram, cpu, pools, priority, wait, timeout, quiet, owner_pid, reclaimable,
           label, task_name, use_index, bus, as_json):
     """Claim GPUs and/or pool amounts until released, and print the reference.
 
     Example: gpuctl claim --gpus 1 --ram 64G --owner-pid $PPID --task-name "tune kernels"
     """
-    with client(bus) as c:
+    with client(bus) as c, WaitingLine(wait and not quiet) as line:
         result = c.claim(mode="dev", owner_pid=owner_pid, label=label, task_name=task_name,
                          use_index=use_index, priority=priority, wait=wait, timeout=timeout,
-                         reclaimable=reclaimable, **demand(gpus, vram, ram, cpu, pools))
+                         reclaimable=reclaimable, progress=line.show,
+                         **demand(gpus, vram, ram, cpu, pools))
     _warn(result["warnings"])
     if as_json:
         emit_json(result)
