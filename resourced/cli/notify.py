@@ -19,12 +19,13 @@ then one connection serves both.  It exits 1 only when it loses a bus connection
 import contextlib
 import json
 import logging
+import re
 import signal
 from dataclasses import dataclass
 
 import click
 
-from ..core.health import NOT_MEASURED, OK, STOP, UNAVAILABLE
+from ..core.health import NOT_MEASURED, OK, STOP, UNAVAILABLE, WARN
 from ._errors import GpuctlError
 from ._options import bus_option
 
@@ -84,6 +85,38 @@ def check_label(name: str, type_: str | None = None, path: str | None = None) ->
     return name
 
 
+_REACHED = re.compile(r"(free|used) (\S+) [<>]= (stop|warn)_(free|used)_(gib|pct) (\S+)")
+_ADVICE = {("disk", STOP): "Jobs should stop writing to it.",
+           ("ram", STOP): "Jobs should not start anything large.",
+           ("disk", WARN): "Nothing is stopped yet.",
+           ("ram", WARN): "Nothing is stopped yet."}
+
+
+def plain_words(label: str, level: str, reason: str) -> tuple[str, str]:
+    """A bubble's title and text in words a person reads at a glance: "Disk /data is
+    full" and "9.5G free; the limit is 10G free. Jobs should stop writing to it.", from
+    the check's label, its level and the daemon's reason ("free 9.5G <= stop_free_gib 10")."""
+    kind = "disk" if label.startswith("disk ") else "ram" if label.startswith("ram") else ""
+    shown = label.replace("disk ", "Disk ", 1) if kind == "disk" else (
+        label.replace("ram", "RAM", 1) if kind == "ram" else label)
+    if level in (STOP, WARN) and kind:
+        state = {("disk", STOP): "is full", ("disk", WARN): "is filling up",
+                 ("ram", STOP): "is nearly exhausted", ("ram", WARN): "is running short"}
+        title = f"{shown} {state[kind, level]}"
+    elif level in (STOP, WARN):
+        title = f"{shown}: {level}"
+    else:
+        return f"{shown} cannot be measured", reason
+    m = _REACHED.fullmatch(reason)
+    if m is None:
+        return title, reason
+    what, figure, limit_level, limit_what, unit, limit = m.groups()
+    limit = f"{limit}G" if unit == "gib" else f"{limit}%"
+    edge = "the limit is" if limit_level == "stop" else "the warning is at"
+    advice = _ADVICE.get((kind, level), "")
+    return title, f"{figure} {what}; {edge} {limit} {limit_what}. {advice}".rstrip()
+
+
 class Bubbles:
     """Which bubble each check has on screen, and what to do when its level changes."""
 
@@ -105,12 +138,12 @@ class Bubbles:
             return Close(check, shown[0])
         if shown is not None and shown[1:] == (level, reason):
             return None
-        label = self.labels.get(check, check)
+        summary, body = plain_words(self.labels.get(check, check), level, reason)
         return Show(
             check=check, level=level, reason=reason,
             replaces_id=shown[0] if shown else 0,
-            summary=f"resourced: {label} {level}",
-            body=reason,
+            summary=summary,
+            body=body,
             urgency=2 if level == STOP else 1,
             icon="dialog-error" if level == STOP else "dialog-warning",
             expire_timeout=0 if level == STOP else -1,

@@ -22,6 +22,7 @@ DATA_OK = {"name": "data", "type": "disk", "path": "/data", "level": "OK", "reas
            "free_bytes": 50, "total_bytes": 100, "free_pct": 50.0, "used_pct": 50.0,
            "limits": {"stop_free_gib": 10}}
 REASON = "free 9.5G <= stop_free_gib 10"
+PLAIN = "9.5G free; the limit is 10G free. Jobs should stop writing to it."  # what a bubble says
 
 
 def health(**levels) -> dict:
@@ -211,15 +212,15 @@ def _three_changes(services, manager, server):
     first = notifies(server)[0]
     assert first["urgency"] == 2 and first["urgency_signature"] == "y"
     assert first["replaces_id"] == 0
-    assert first["summary"] == "resourced: disk /data STOP"
-    assert first["body"] == REASON
+    assert first["summary"] == "Disk /data is full"
+    assert first["body"] == PLAIN
     assert first["app_name"] == "resourced"
 
     services.emit(manager, "data", "STOP", "WARN", "free 15G <= warn_free_gib 20")
     eventually(lambda: len(server.calls) >= 2)
     second = notifies(server)[1]
     assert (second["replaces_id"], second["urgency"]) == (first["id"], 1)
-    assert second["summary"] == "resourced: disk /data WARN"
+    assert second["summary"] == "Disk /data is filling up"
 
     services.emit(manager, "data", "WARN", "OK", "fine")
     eventually(lambda: len(server.calls) >= 3)
@@ -280,7 +281,7 @@ def test_the_daemon_goes_away_and_comes_back(buses, services, agents):
     # at start, the current level is shown
     eventually(lambda: len(notifies(server)) == 1)
     first = notifies(server)[0]
-    assert (first["urgency"], first["body"]) == (2, REASON)
+    assert (first["urgency"], first["body"]) == (2, PLAIN)
 
     services.stop(bus)
     agent.wait_log("org.resourced went away")
@@ -459,7 +460,7 @@ def test_with_a_real_dunst(buses, services, agents, tmp_path):
         def in_history():
             done = subprocess.run(["dunstctl", "history"], env=env, capture_output=True,
                                   text=True, timeout=5)
-            return "resourced: disk /data STOP" in done.stdout
+            return "Disk /data is full" in done.stdout
         eventually(in_history, 10)
         assert "cannot show" not in agent.log()
     finally:

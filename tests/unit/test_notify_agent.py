@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from resourced.cli.notify import Bubbles, Close, Show, check_label
+from resourced.cli.notify import Bubbles, Close, Show, check_label, plain_words
 from resourced.core.health import ERROR, NOT_MEASURED, OK, STOP, UNAVAILABLE, WARN
 
 
@@ -23,8 +23,8 @@ def test_stop_shows_a_critical_bubble_that_stays():
     action = b.level_changed("data", STOP, "free 9.5G <= stop_free_gib 10")
     assert isinstance(action, Show)
     assert (action.replaces_id, action.urgency, action.expire_timeout) == (0, 2, 0)
-    assert action.summary == "resourced: disk /data STOP"
-    assert action.body == "free 9.5G <= stop_free_gib 10"
+    assert action.summary == "Disk /data is full"
+    assert action.body == "9.5G free; the limit is 10G free. Jobs should stop writing to it."
 
 
 def test_warn_and_failures_show_with_normal_urgency():
@@ -32,7 +32,22 @@ def test_warn_and_failures_show_with_normal_urgency():
     for level in (WARN, ERROR, UNAVAILABLE):
         action = b.level_changed(f"c-{level}", level, "why")
         assert (action.urgency, action.expire_timeout, action.replaces_id) == (1, -1, 0)
-        assert action.summary == f"resourced: c-{level} {level}"
+        assert action.summary == (f"c-{level}: {level}" if level == WARN
+                                  else f"c-{level} cannot be measured")
+
+
+@pytest.mark.parametrize("label, level, reason, summary, body", [
+    ("disk /data", WARN, "used 84.4% >= warn_used_pct 80", "Disk /data is filling up",
+     "84.4% used; the warning is at 80% used. Nothing is stopped yet."),
+    ("ram", STOP, "free 3.0% <= stop_free_pct 5", "RAM is nearly exhausted",
+     "3.0% free; the limit is 5% free. Jobs should not start anything large."),
+    ("ram (host)", UNAVAILABLE, "no answer for 12 s", "RAM (host) cannot be measured",
+     "no answer for 12 s"),
+    ("disk /x", WARN, "a reason of another shape", "Disk /x is filling up",
+     "a reason of another shape"),
+])
+def test_bubbles_speak_plain_words(label, level, reason, summary, body):
+    assert plain_words(label, level, reason) == (summary, body)
 
 
 def test_a_change_replaces_the_bubble_in_place():
