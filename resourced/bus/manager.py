@@ -21,8 +21,8 @@ from dbus_fast.service import dbus_method, dbus_property, dbus_signal
 from .. import __version__
 from ..config import ConfigError
 from ..core import health as health_levels
-from ..core.claims import QUEUED, Demand
 from ..core.claims import Claim as ClaimRecord
+from ..core.claims import Demand
 from ..core.inventory import pci_order
 from ..core.ledger import (
     ClaimGranted,

@@ -6,7 +6,6 @@ import click
 
 from ._options import bus_option, client, echo_table, emit_json, json_option
 
-
 MAX_HOLDERS = 5
 """Holders a pool row of the status names; the rest are counted (--json lists all)."""
 MAX_WAITERS = 20

@@ -23,7 +23,7 @@ refused.
 import hashlib
 import json
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from ..errors import InvalidRequest, NoSuchClaim, NotClaimOwner, NotEnoughCapacity, quoted
 from .claims import Demand, check_text
@@ -304,7 +304,7 @@ class Calendar:
         gpus = [u for u in self.timeline.memory if allowed is None or u in allowed]
         unknown = set(request.named + request.excluded) - set(self.timeline.memory)
         if unknown:
-            raise InvalidRequest(f"no GPU {quoted(sorted(unknown)[0])}")
+            raise InvalidRequest(f"no GPU {quoted(min(unknown))}")
         if demand.gpus > len(gpus):
             raise InvalidRequest(f"{demand.gpus} GPU(s) wanted, {len(gpus)} may be used")
         for name, amount in demand.pools:
@@ -374,7 +374,7 @@ def _describe(d: Demand) -> str:
 
 def _when(usec: int) -> str:
     """An instant for a message: ISO 8601 in UTC (the client shows local time)."""
-    return datetime.fromtimestamp(usec / 1e6, timezone.utc).isoformat(timespec="seconds")
+    return datetime.fromtimestamp(usec / 1e6, UTC).isoformat(timespec="seconds")
 
 
 def _span(seconds: float) -> str:

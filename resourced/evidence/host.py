@@ -8,8 +8,7 @@ nothing is guessed: a missing path is an error, not an empty disk.
 
 import os
 
-from ..core.health import CheckEntry
-from ..core.health import Measurement
+from ..core.health import CheckEntry, Measurement
 
 __all__ = ["measure", "measure_disk", "measure_ram"]
 
