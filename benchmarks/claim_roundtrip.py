@@ -20,12 +20,15 @@ what two bare round trips do); claim+release p99 < 5 ms.
 
 import argparse
 import asyncio
+import json
 import os
+import tempfile
 import time
 
 from _harness import daemon_on_private_bus, machine_line, summary
 
 from resourced import AsyncClient, Client
+from resourced.backends.simulated import simulated_uuid
 
 TARGET_RATIO = 4.0
 TARGET_P99_MS = 5.0
@@ -119,13 +122,27 @@ def main() -> None:
     p.add_argument("--block", type=int, default=100, help="calls per block before switching (100)")
     p.add_argument("--gpus", type=int, default=8, help="simulated GPUs in the daemon (8)")
     p.add_argument("--no-async", action="store_true", help="skip the AsyncClient row")
+    p.add_argument("--json-simulation", action="store_true",
+                   help="simulate the GPUs from a JSON file (read at every look, in a thread, "
+                   "as the evidence look at claim time reads the driver) instead of a count")
     args = p.parse_args()
 
     print(f"claim_roundtrip: {args.n} timed calls of each kind after {args.warmup} warm-up, "
           f"alternating blocks of {args.block}; daemon with {args.gpus} simulated GPUs "
-          "on a private session bus")
+          f"({'a JSON file' if args.json_simulation else 'a count'}) on a private session bus")
     print(machine_line())
-    with daemon_on_private_bus(args.gpus):
+    with tempfile.TemporaryDirectory() as tmp:
+        gpus: int | str = args.gpus
+        if args.json_simulation:
+            gpus = os.path.join(tmp, "gpus.json")
+            with open(gpus, "w") as f:
+                json.dump({"gpus": [{"index": i, "uuid": simulated_uuid(i)}
+                                    for i in range(args.gpus)]}, f)
+        measure(gpus, args)
+
+
+def measure(gpus: int | str, args) -> None:
+    with daemon_on_private_bus(gpus):
         report("Client (blocking, one jeepney connection)",
                run_blocking(args.n, args.warmup, args.block))
         if not args.no_async:
