@@ -31,7 +31,8 @@ from .evidence.host import host_pools
 from .evidence.processes import boot_id
 from .health_monitor import HealthMonitor
 from .sd import notify, reloading, run_watchdog, setup_logging, watchdog_interval
-from .store import ClaimStore, StoreBusy, StoreError
+from .jsonlog import StoreBusy, StoreError
+from .store import ClaimStore
 
 log = logging.getLogger("resourced")
 

@@ -18,10 +18,10 @@ from resourced.core.ledger import (
     ReclaimAsked,
     ReclaimWithdrawn,
 )
+from resourced.jsonlog import StoreError
 from resourced.store import (
     FORMAT,
     ClaimStore,
-    StoreError,
     claim_from_record,
     claim_to_record,
     prepare_runtime_dir,
