@@ -13,7 +13,6 @@ from the ``ClaimNew`` on, as before.
 """
 
 import asyncio
-import json
 
 from dbus_fast import Message, MessageType, PropertyAccess, Variant
 from dbus_fast.service import dbus_method, dbus_property, dbus_signal
@@ -21,9 +20,7 @@ from dbus_fast.service import dbus_method, dbus_property, dbus_signal
 from .. import __version__
 from ..config import ConfigError
 from ..core import health as health_levels
-from ..core.claims import Claim as ClaimRecord
 from ..core.claims import Demand
-from ..core.inventory import pci_order
 from ..core.ledger import (
     ClaimGranted,
     ClaimQueued,
@@ -40,6 +37,7 @@ from ..errors import InvalidRequest
 from ..health_monitor import HealthMonitor
 from .caller import Credentials, current_call
 from .claim import ClaimInterface
+from .describe import StateView
 from .errors import bus_errors
 from .gpu import GpuInterface
 from .health import CheckInterface
@@ -103,14 +101,12 @@ class ManagerInterface(Interface):
         self._gpus: dict[str, GpuInterface] = {}
         self._claims: dict[str, ClaimInterface] = {}  # the claim objects exported so far
         self._waiting: set[str] = set()  # queued claims (their objects are always exported)
-        self._claim_texts: dict[str, str] = {}  # claim id -> its Describe JSON, until it changes
-        self._pci_index: dict[str, int] = {}
+        self.view = StateView(engine, mode, health)
 
     def export(self) -> None:
         """Export the manager and one object per GPU; follow the engine from now on."""
         self.bus.export(MANAGER_PATH, self)
         gpus = list(self.engine.ledger.gpus.values())
-        self._pci_index = pci_order(self.engine.present)
         for gpu in gpus:
             iface = GpuInterface(gpu, self.engine)
             self._gpus[gpu.uuid] = iface
@@ -149,7 +145,7 @@ class ManagerInterface(Interface):
             timeout=None if timeout is None else timeout / 1e6,
             reclaimable=opts.get("Reclaimable", False),
         )
-        return [claim.id, claim_path(claim.id), self._grant(claim, warnings)]
+        return [claim.id, claim_path(claim.id), self.view.grant(claim, warnings)]
 
     @dbus_method()
     @bus_errors
@@ -187,7 +183,7 @@ class ManagerInterface(Interface):
     @dbus_method()
     @bus_errors
     def GetGrant(self, claim_id: "s") -> "a{sv}":
-        return self._grant(self.engine.ledger.get(claim_id))
+        return self.view.grant(self.engine.ledger.get(claim_id))
 
     @dbus_method()
     @bus_errors
@@ -215,7 +211,7 @@ class ManagerInterface(Interface):
     @dbus_method()
     @bus_errors
     def Describe(self) -> "s":
-        return self.describe_json()
+        return self.view.describe()
 
     # -- signals -----------------------------------------------------------------------
     @dbus_signal()
@@ -292,94 +288,7 @@ class ManagerInterface(Interface):
         return await self.engine.release(caller, claim_id, force=force, reason=reason,
                                          admin=admin)
 
-    def describe_json(self) -> str:
-        """Everything ``gpuctl status --json`` shows, as JSON text.
-
-        Each claim's JSON is kept from one Describe to the next until an event changes
-        the claim: with 10,000 claims, building and encoding every record each time was
-        most of the cost of a Describe."""
-        rest = json.dumps(self._describe_all_but_claims())
-        claims = ",".join(self._claim_json(c) for c in self.engine.ledger.claims.values())
-        return f'{rest[:-1]}, "claims": [{claims}]}}'
-
-    def _describe_all_but_claims(self) -> dict:
-        ledger = self.engine.ledger
-        return {
-            "version": __version__,
-            "mode": self.mode,
-            "backend": self.engine.backend.name,
-            "backend_note": self.engine.backend_note,
-            "free": self.engine.free_count(),
-            "gpus": [
-                {
-                    "index": g.index,
-                    "alias": g.label,
-                    "uuid": g.uuid,
-                    "name": g.name,
-                    "memory_bytes": g.memory_bytes,
-                    "pci_bus_id": g.pci_bus_id,
-                    "state": self.engine.gpu_state(g),
-                    "claim": holder.id if (holder := ledger.holder(g.uuid)) else "",
-                    "shared_by": [c.id for c in ledger.claims_on(g.uuid) if c.shared],
-                    "vram_used_bytes": ledger.vram_used(g.uuid),
-                }
-                for g in ledger.gpus.values()
-            ],
-            "queue": [c.id for c in ledger.queue()],
-            "pools": [
-                {"name": p.name, "unit": p.unit, "capacity": p.capacity,
-                 "free": ledger.pool_free(p.name)}
-                for p in ledger.pools.values()
-            ],
-            "health": self.health.describe(),
-        }
-
     # -- internals ---------------------------------------------------------------------
-    def _claim_json(self, c: ClaimRecord) -> str:
-        text = self._claim_texts.get(c.id)
-        if text is None:
-            text = self._claim_texts[c.id] = json.dumps(self._claim_record(c))
-        return text
-
-    def _claim_record(self, c: ClaimRecord) -> dict:
-        gpus = self.engine.ledger.gpus
-        return {
-            "id": c.id,
-            "mode": c.mode,
-            "state": c.state,
-            "priority": c.priority,
-            "reclaimable": c.reclaimable,
-            "reclaim_requested": bool(c.reclaim_for),
-            "vram_bytes": c.demand.vram,
-            "pools": dict(c.demand.pools),
-            "gpus_requested": c.demand.gpus,
-            "user": c.user,
-            "uid": c.uid,
-            "owner_pid": c.owner.pid,
-            "owner_alive": c.owner_alive,
-            "label": c.label,
-            "task_name": c.task_name,
-            "created_usec": c.created_usec,
-            "gpus": [gpus[u].label for u in c.gpus],
-            "gpu_uuids": list(c.gpus),
-            "gpu_indices": [gpus[u].index for u in c.gpus],
-            "pci_indices": [self._pci_index[u] for u in c.gpus],
-        }
-
-    def _grant(self, claim: ClaimRecord, warnings: list[str] = ()) -> dict:
-        gpus = self.engine.ledger.gpus
-        return {
-            "State": Variant("s", claim.state),
-            "Mode": Variant("s", claim.mode),
-            "GPUUUIDs": Variant("as", list(claim.gpus)),
-            "GPUIndices": Variant("au", [gpus[u].index for u in claim.gpus]),
-            "PCIIndices": Variant("au", [self._pci_index[u] for u in claim.gpus]),
-            "GPUMemoryBytes": Variant("at", [gpus[u].memory_bytes for u in claim.gpus]),
-            "VRAMBytes": Variant("t", claim.demand.vram),
-            "Pools": Variant("a{st}", dict(claim.demand.pools)),
-            "Warnings": Variant("as", list(warnings)),
-        }
-
     def _export_checks(self) -> None:
         """(Re-)export one object per configured check (again after a reload)."""
         for name, iface in self._checks.items():
@@ -434,7 +343,7 @@ class ManagerInterface(Interface):
         touched_pools: set[str] = set()
         for event in events:
             claim = event.claim
-            self._claim_texts.pop(claim.id, None)  # whatever the event, the record changed
+            self.view.changed(claim.id)  # whatever the event, the record changed
             if isinstance(event, ClaimQueued):  # a waiter listens on its object: export it
                 self._waiting.add(claim.id)
                 self._claim_object(claim.id)
@@ -446,7 +355,7 @@ class ManagerInterface(Interface):
                 iface = self._claims[claim.id]
                 out.append((iface.emit_properties_changed,
                             {"State": claim.state, "GPUUUIDs": list(claim.gpus)}))
-                out.append((iface.Granted, self._grant(claim)))
+                out.append((iface.Granted, self.view.grant(claim)))
             elif isinstance(event, ClaimReleased):
                 iface = self._claims.pop(claim.id, None)
                 if claim.id in self._waiting:  # it left the queue ungranted

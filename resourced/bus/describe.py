@@ -1,0 +1,112 @@
+"""What the bus shows of the state: ``Describe``'s JSON and a claim's grant (a{sv}).
+
+Read-only views of the engine, kept apart from the Manager's methods and signals.  Each
+claim's JSON is kept from one ``Describe`` to the next until an event changes the claim
+(``changed``): with 10,000 claims, building and encoding every record each time was
+most of the cost of a Describe.
+"""
+
+import json
+
+from dbus_fast import Variant
+
+from .. import __version__
+from ..core.claims import Claim
+from ..core.inventory import pci_order
+
+
+class StateView:
+    def __init__(self, engine, mode: str, health):
+        self.engine = engine
+        self.mode = mode
+        self.health = health
+        self.pci_index: dict[str, int] = pci_order(engine.present)
+        self._texts: dict[str, str] = {}  # claim id -> its JSON, until it changes
+
+    def changed(self, claim_id: str) -> None:
+        """An event touched the claim: its JSON is built again when next asked for."""
+        self._texts.pop(claim_id, None)
+
+    def describe(self) -> str:
+        """Everything ``gpuctl status --json`` shows, as JSON text (``Describe``)."""
+        rest = json.dumps(self._all_but_claims())
+        claims = ",".join(self._claim_json(c) for c in self.engine.ledger.claims.values())
+        return f'{rest[:-1]}, "claims": [{claims}]}}'
+
+    def _all_but_claims(self) -> dict:
+        ledger = self.engine.ledger
+        return {
+            "version": __version__,
+            "mode": self.mode,
+            "backend": self.engine.backend.name,
+            "backend_note": self.engine.backend_note,
+            "free": self.engine.free_count(),
+            "gpus": [
+                {
+                    "index": g.index,
+                    "alias": g.label,
+                    "uuid": g.uuid,
+                    "name": g.name,
+                    "memory_bytes": g.memory_bytes,
+                    "pci_bus_id": g.pci_bus_id,
+                    "state": self.engine.gpu_state(g),
+                    "claim": holder.id if (holder := ledger.holder(g.uuid)) else "",
+                    "shared_by": [c.id for c in ledger.claims_on(g.uuid) if c.shared],
+                    "vram_used_bytes": ledger.vram_used(g.uuid),
+                }
+                for g in ledger.gpus.values()
+            ],
+            "queue": [c.id for c in ledger.queue()],
+            "pools": [
+                {"name": p.name, "unit": p.unit, "capacity": p.capacity,
+                 "free": ledger.pool_free(p.name)}
+                for p in ledger.pools.values()
+            ],
+            "health": self.health.describe(),
+        }
+
+    def _claim_json(self, c: Claim) -> str:
+        text = self._texts.get(c.id)
+        if text is None:
+            text = self._texts[c.id] = json.dumps(self._claim_record(c))
+        return text
+
+    def _claim_record(self, c: Claim) -> dict:
+        gpus = self.engine.ledger.gpus
+        return {
+            "id": c.id,
+            "mode": c.mode,
+            "state": c.state,
+            "priority": c.priority,
+            "reclaimable": c.reclaimable,
+            "reclaim_requested": bool(c.reclaim_for),
+            "vram_bytes": c.demand.vram,
+            "pools": dict(c.demand.pools),
+            "gpus_requested": c.demand.gpus,
+            "user": c.user,
+            "uid": c.uid,
+            "owner_pid": c.owner.pid,
+            "owner_alive": c.owner_alive,
+            "label": c.label,
+            "task_name": c.task_name,
+            "created_usec": c.created_usec,
+            "gpus": [gpus[u].label for u in c.gpus],
+            "gpu_uuids": list(c.gpus),
+            "gpu_indices": [gpus[u].index for u in c.gpus],
+            "pci_indices": [self.pci_index[u] for u in c.gpus],
+        }
+
+    def grant(self, claim: Claim, warnings: list[str] = ()) -> dict:
+        """What ``Claim`` and ``GetGrant`` answer for a claim, as a{sv}."""
+        gpus = self.engine.ledger.gpus
+        return {
+            "State": Variant("s", claim.state),
+            "Mode": Variant("s", claim.mode),
+            "GPUUUIDs": Variant("as", list(claim.gpus)),
+            "GPUIndices": Variant("au", [gpus[u].index for u in claim.gpus]),
+            "PCIIndices": Variant("au", [self.pci_index[u] for u in claim.gpus]),
+            "GPUMemoryBytes": Variant("at", [gpus[u].memory_bytes for u in claim.gpus]),
+            "VRAMBytes": Variant("t", claim.demand.vram),
+            "Pools": Variant("a{st}", dict(claim.demand.pools)),
+            "Warnings": Variant("as", list(warnings)),
+        }
