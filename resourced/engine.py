@@ -288,7 +288,6 @@ class Engine:
         claim = self.ledger.claims.get(claim_id)
         if claim is not None and claim.state == QUEUED:
             self._commit(self.ledger.release(claim_id, "timeout", busy=None))
-            self._serve_queue()
 
     def _audit_refusal(self, caller: Caller, demand: Demand, exc: ResourcedError) -> None:
         audit(f"refused {self.ledger.describe(demand)} to uid {caller.uid}: {exc.message}",
@@ -458,7 +457,6 @@ class Engine:
             self._commit(self.ledger.owner_died(claim_id, self.clock(), busy=None))
         else:
             self._commit(self.ledger.member_exited(claim_id, ref, busy=None))
-        self._serve_queue()
 
     def _forget(self, claim: Claim) -> None:
         for ref in claim.members | {claim.owner}:
@@ -482,7 +480,6 @@ class Engine:
                   priority=5 if by_owner else 4, claim=claim_id, uid=claim.uid,
                   gpu=",".join(claim.gpus), event=f"{how}-release", reason=reason)
         self._commit(events)
-        self._serve_queue()
 
     def _new_id(self) -> str:
         while True:
@@ -492,7 +489,8 @@ class Engine:
                 return claim_id
 
     def _commit(self, events: list[Event], undo=None) -> None:
-        """Persist ``events`` (before anyone hears of them), then audit and publish them.
+        """Persist ``events`` (before anyone hears of them), then audit and publish them;
+        a release also starts the walk that serves waiters for GPUs (``_serve_queue``).
 
         If they cannot be persisted and ``undo`` is given, the change is undone and the
         caller gets an error: nothing is acknowledged that a restart would forget.
@@ -516,6 +514,8 @@ class Engine:
         asyncio.get_running_loop().call_soon(self._audit_all, events)
         for listener in self._listeners:
             listener(events)
+        if any(isinstance(e, ClaimReleased) for e in events):
+            self._serve_queue()  # what was freed may serve a waiter for GPUs
 
     def _audit_all(self, events: list[Event]) -> None:
         for event in events:
