@@ -113,22 +113,17 @@ def test_no_timeout_or_a_zero_one(timeout):
 # -- per-user limits: refused before any work, root exempt -------------------------------------
 
 
-@pytest.mark.parametrize("wait", [False, True])
-def test_a_user_at_the_claims_limit_is_refused(wait):
+@pytest.mark.parametrize("limits, claims, waiting, wait, says", [
+    (dict(max_claims_per_user=2), 2, 0, False, "max_claims_per_user"),
+    (dict(max_claims_per_user=2), 2, 0, True, "max_claims_per_user"),
+    (dict(max_waiting_per_user=1), 3, 1, True, "max_waiting_per_user"),
+])
+def test_a_user_at_a_limit_is_refused(limits, claims, waiting, wait, says):
     async def test():
-        async with engine_on(gpus=2, max_claims_per_user=2) as (engine, _):
-            users_claims(engine, 2, 0)
-            with pytest.raises(LimitExceeded, match="max_claims_per_user"):
+        async with engine_on(gpus=2, **limits) as (engine, _):
+            users_claims(engine, claims, waiting)
+            with pytest.raises(LimitExceeded, match=says):
                 await engine.claim(USER, Demand.of(gpus=1), "dev", wait=wait)
-    run(test)
-
-
-def test_a_user_at_the_waiting_limit_may_not_wait_again():
-    async def test():
-        async with engine_on(gpus=2, max_waiting_per_user=1) as (engine, _):
-            users_claims(engine, 3, 1)
-            with pytest.raises(LimitExceeded, match="max_waiting_per_user"):
-                await engine.claim(USER, Demand.of(gpus=1), "dev", wait=True)
     run(test)
 
 

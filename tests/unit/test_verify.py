@@ -41,7 +41,7 @@ def grant(ledger: Ledger, claim_id: str, mode: str = "dev", gpus: int = 1, owner
           vram: int = 0, wait: bool = False):
     demand = Demand.of(0 if vram else gpus, vram)
     request = ClaimRequest(demand=demand, mode=mode, owner=owner, uid=1000, user="alice")
-    events, refusal = ledger.submit(request, claim_id, NOW, wait=wait)
+    _, refusal = ledger.submit(request, claim_id, NOW, wait=wait)
     assert refusal is None
     return ledger.get(claim_id)
 
