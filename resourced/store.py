@@ -1,19 +1,11 @@
 """Live claims on disk, so a daemon restart or crash loses nothing it acknowledged.
 
-Theory of operation: the runtime directory (tmpfs: ``/run/resourced`` or
-``$XDG_RUNTIME_DIR/resourced``) holds ``claims.log``, an append-only log of JSON lines:
-a header naming the boot, then one record per change.  Each change is one ``write(2)``
-on an ``O_APPEND`` descriptor, done before the daemon replies, so a crash at any
-instant leaves every acknowledged change in the file (the kernel keeps the page even if
-the process dies; a reboot clears tmpfs, which is what "reboot clears claims" wants).
-A crash in the middle of a write can only tear the *last* line, which was never
-acknowledged and is ignored.  The log is compacted (rewritten as a snapshot, atomically
-by rename) when it grows well past the number of live claims, so appending stays O(1)
-and restart stays O(live claims).
-
-A file that cannot be trusted (bad header, a corrupt line before the end) is moved
-aside as ``claims.log.corrupt-<time>`` with a log line, and the daemon starts with the
-records it read before the damage.  A header from another boot discards the claims.
+The runtime directory (tmpfs: ``/run/resourced`` or ``$XDG_RUNTIME_DIR/resourced``) holds
+``claims.log``, a ``jsonlog.JsonLog`` (which says how appends, torn lines, damage and
+compaction work): a header naming the boot, then one record per change, appended before
+the daemon replies.  A reboot clears tmpfs, which is what "reboot clears claims" wants,
+and a header from another boot discards the claims.  The log is compacted when it grows
+well past the number of live claims, so restart stays O(live claims).
 """
 
 import logging
