@@ -65,6 +65,7 @@ def daemon_on_private_bus(gpus: int | str = 8, args: tuple[str, ...] = (),
         os.environ.pop("RESOURCED_BUS", None)
         env["RESOURCED_SIMULATED_GPUS"] = str(gpus)
         env["RESOURCED_RUNTIME_DIR"] = runtime_dir
+        env["RESOURCED_STATE_DIR"] = os.path.join(runtime_dir, "state")
         proc = subprocess.Popen(
             [sys.executable, "-m", "resourced.daemon", "--session", *args],
             env=env, stdout=log, stderr=subprocess.STDOUT,

@@ -184,7 +184,8 @@ class Rig:
                                f"capacity = {POOL_CAPACITY}\n")
         self.env = clean_env(bus.address)
         self.daemon_env = {**self.env, "RESOURCED_SIMULATED_GPUS": str(gpus),
-                           "RESOURCED_RUNTIME_DIR": str(self.runtime_dir)}
+                           "RESOURCED_RUNTIME_DIR": str(self.runtime_dir),
+                           "RESOURCED_STATE_DIR": str(workdir / "state")}
         self.log_path = workdir / "daemon.log"
         self.log = open(self.log_path, "a+")
         self.daemon: subprocess.Popen | None = None

@@ -68,7 +68,8 @@ class Daemon:
         self.config.write_text("[daemon]\nmax_claims_per_user = 0\nmax_waiting_per_user = 0\n"
                                f'[[pool]]\nname = "{POOL}"\ncapacity = {capacity}\n')
         self.env = {**clean_env(bus.address), "RESOURCED_SIMULATED_GPUS": str(GPUS),
-                    "RESOURCED_RUNTIME_DIR": str(self.runtime_dir)}
+                    "RESOURCED_RUNTIME_DIR": str(self.runtime_dir),
+                    "RESOURCED_STATE_DIR": str(workdir / "state")}
         self.log_path = workdir / "daemon.log"
         self.log = open(self.log_path, "a+")
         self.proc: subprocess.Popen | None = None

@@ -4,8 +4,8 @@ crashes and reboots (unlike claims, which a reboot voids).
 ``calendar.log`` (``/var/lib/resourced`` for the system service, ``$STATE_DIRECTORY``
 when systemd sets it) is a durable ``JsonLog``: every change is synced to disk before the
 daemon replies.  Records are whole: ``booking`` (the booking as it is now, after any
-change), ``forget`` (an ended booking past its retention), ``blackout`` and
-``unblackout``.  Operation ids live in their bookings, so replaying a request after a
+change), ``forget`` (an ended booking or a notice past its time), ``blackout`` and
+``unblackout``, ``notice`` and ``unnotice``.  Operation ids live in their bookings, so replaying a request after a
 restart still answers ``exists``.
 
 The header carries the schema version.  A log from an older version is migrated record
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from .core.calendar import Blackout, Booking, BookingEvent, BookingRequest
+from .core.calendar import Blackout, Booking, BookingEvent, BookingRequest, Notice
 from .core.claims import Demand
 from .jsonlog import JsonLog, StoreError
 
@@ -48,10 +48,12 @@ class CalendarStore:
         self.log = JsonLog(state_dir, LOG_NAME, "state directory", durable=True)
         self.path = self.log.path
 
-    def load(self) -> tuple[dict[str, Booking], dict[str, Blackout]]:
-        """The bookings and blackouts the log holds; then it is compacted (and migrated)."""
+    def load(self) -> tuple[dict[str, Booking], dict[str, Blackout], dict[str, Notice]]:
+        """The bookings, blackouts and notices the log holds; then it is compacted (and
+        migrated)."""
         bookings: dict[str, Booking] = {}
         blackouts: dict[str, Blackout] = {}
+        notices: dict[str, Notice] = {}
         version = SCHEMA
 
         def header(record: dict) -> bool:
@@ -73,41 +75,55 @@ class CalendarStore:
                 bookings[booking.id] = booking
             elif op == "forget":
                 bookings.pop(record["id"], None)
+                notices.pop(record["id"], None)
             elif op == "blackout":
                 blackout = Blackout(**record["blackout"])
                 blackouts[blackout.id] = blackout
             elif op == "unblackout":
                 blackouts.pop(record["id"], None)
+            elif op == "notice":
+                notice = Notice(**record["notice"])
+                notices[notice.id] = notice
+            elif op == "unnotice":
+                notices.pop(record["id"], None)
             else:
                 raise ValueError(f"unknown op {op!r}")
 
         self.log.read(header, apply)
-        self.rewrite(bookings.values(), blackouts.values())
-        return bookings, blackouts
+        self.rewrite(bookings.values(), blackouts.values(), notices.values())
+        return bookings, blackouts, notices
 
-    def rewrite(self, bookings, blackouts) -> None:
+    def rewrite(self, bookings, blackouts, notices=()) -> None:
         """Replace the log with a snapshot (in the current schema)."""
         self.log.rewrite([
             {"schema": SCHEMA},
             *({"op": "booking", "booking": booking_to_record(b)} for b in bookings),
             *({"op": "blackout", "blackout": asdict(b)} for b in blackouts),
+            *({"op": "notice", "notice": asdict(n)} for n in notices),
         ])
 
     def record(self, events: list[BookingEvent], forgotten: list[str] = (),
-               blackout: Blackout | None = None, unblackout: str = "") -> None:
+               blackout: Blackout | None = None, unblackout: str = "",
+               notice: Notice | None = None, unnotice: str = "") -> None:
         """Append what changed, in one synced write."""
         lines = [{"op": "booking", "booking": booking_to_record(e.booking)} for e in events]
-        lines += [{"op": "forget", "id": booking_id} for booking_id in forgotten]
+        lines += [{"op": "forget", "id": item_id} for item_id in forgotten]
         if blackout is not None:
             lines.append({"op": "blackout", "blackout": asdict(blackout)})
         if unblackout:
             lines.append({"op": "unblackout", "id": unblackout})
+        if notice is not None:
+            lines.append({"op": "notice", "notice": asdict(notice)})
+        if unnotice:
+            lines.append({"op": "unnotice", "id": unnotice})
         self.log.append(lines)
 
-    def compact_if_grown(self, bookings, blackouts) -> None:
-        """Rewrite the log when it has grown well past what it describes."""
-        if self.log.records > 2 * (len(bookings) + len(blackouts)) + COMPACT_SLACK:
-            self.rewrite(bookings.values(), blackouts.values())
+    def compact_if_grown(self, calendar) -> None:
+        """Rewrite the log when it has grown well past what the calendar holds."""
+        held = len(calendar.bookings) + len(calendar.blackouts) + len(calendar.notices)
+        if self.log.records > 2 * held + COMPACT_SLACK:
+            self.rewrite(calendar.bookings.values(), calendar.blackouts.values(),
+                         calendar.notices.values())
 
     def close(self) -> None:
         self.log.close()

@@ -456,6 +456,88 @@ class Client(_Base):
         """A bare round trip to the daemon (org.freedesktop.DBus.Peer.Ping)."""
         self._send(new_method_call(_PEER, "Ping"))
 
+    # -- bookings (see booking_calls for the arguments) --------------------------------
+    def book(self, duration, gpus=None, start=None, **request) -> dict:
+        """Reserve a window: ``{"status": "created" | "exists", "booking": {...}}``.
+        ``start`` None takes the earliest start that fits."""
+        from . import booking_calls as b
+
+        return b.booked(self._send(b.book_message(duration=duration, gpus=gpus, start=start,
+                                                  **request)))
+
+    def bookings(self, all_users: bool = False, since=None, until=None, offset: int = 0,
+                 limit: int | None = None) -> list[dict]:
+        """Mine (or everyone's): scheduled, active, and ended since ``since`` (default a
+        day ago), by start."""
+        from . import booking_calls as b
+
+        return b.records(self._send(b.list_message(all_users, since, until, offset, limit)))
+
+    def booking(self, ref: str) -> dict:
+        from . import booking_calls as b
+
+        return b.record(self._send(b.ref_message("GetBooking", ref))[0])
+
+    def edit(self, ref: str, **changes) -> dict:
+        """Change a booking that has not started (what is not given stays)."""
+        from . import booking_calls as b
+
+        msg = b.ref_message("EditBooking", ref, ("a{sv}", b.request_options(**changes)))
+        return b.record(self._send(msg)[0])
+
+    def extend(self, ref: str, by=None, until=None) -> dict:
+        """Move a booking's end: ``by`` a duration (negative: not allowed; use ``until``)
+        or ``until`` a time (earlier shrinks it, not before now)."""
+        from . import booking_calls as b
+
+        end = b.end_after(self.booking(ref), by, until)
+        return b.record(self._send(b.ref_message("SetBookingEnd", ref, ("t", end)))[0])
+
+    def cancel(self, ref: str, reason: str = "") -> dict:
+        """End a booking now; someone else's needs the manage action and a reason."""
+        from . import booking_calls as b
+
+        msg = b.ref_message("CancelBooking", ref, ("s", _text("reason", reason)))
+        return b.record(self._send(msg)[0])
+
+    def slots(self, duration, count: int = 3, **request) -> list[dict]:
+        """The earliest places a booking would fit (read-only)."""
+        from . import booking_calls as b
+
+        return b.records(self._send(b.slots_message(count, duration=duration, **request)))
+
+    def add_blackout(self, start, end, reason: str) -> dict:
+        """Block a window for new bookings: ``{"id", "bookings_inside"}``."""
+        from . import booking_calls as b
+
+        blackout_id, inside = self._send(b.blackout_message(start, end, reason))
+        return {"id": blackout_id, "bookings_inside": list(inside)}
+
+    def blackouts(self) -> list[dict]:
+        from . import booking_calls as b
+
+        return b.records(self._send(b.call("ListBlackouts")))
+
+    def remove_blackout(self, blackout_id: str) -> None:
+        from . import booking_calls as b
+
+        self._send(b.ref_message("RemoveBlackout", blackout_id))
+
+    def add_notice(self, text: str, until=None) -> str:
+        from . import booking_calls as b
+
+        return self._send(b.notice_message(text, until))[0]
+
+    def notices(self) -> list[dict]:
+        from . import booking_calls as b
+
+        return b.records(self._send(b.call("ListNotices")))
+
+    def remove_notice(self, notice_id: str) -> None:
+        from . import booking_calls as b
+
+        self._send(b.ref_message("RemoveNotice", notice_id))
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
@@ -617,6 +699,47 @@ class AsyncClient(_Base):
 
     async def free(self) -> int:
         return (await self._send(self._get_property("FreeGPUs")))[0][1]
+
+    # -- bookings (as Client's) --------------------------------------------------------
+    async def book(self, duration, gpus=None, start=None, **request) -> dict:
+        from . import booking_calls as b
+
+        return b.booked(await self._send(b.book_message(duration=duration, gpus=gpus,
+                                                        start=start, **request)))
+
+    async def bookings(self, all_users: bool = False, since=None, until=None, offset: int = 0,
+                       limit: int | None = None) -> list[dict]:
+        from . import booking_calls as b
+
+        return b.records(await self._send(b.list_message(all_users, since, until, offset, limit)))
+
+    async def booking(self, ref: str) -> dict:
+        from . import booking_calls as b
+
+        return b.record((await self._send(b.ref_message("GetBooking", ref)))[0])
+
+    async def edit(self, ref: str, **changes) -> dict:
+        from . import booking_calls as b
+
+        msg = b.ref_message("EditBooking", ref, ("a{sv}", b.request_options(**changes)))
+        return b.record((await self._send(msg))[0])
+
+    async def extend(self, ref: str, by=None, until=None) -> dict:
+        from . import booking_calls as b
+
+        end = b.end_after(await self.booking(ref), by, until)
+        return b.record((await self._send(b.ref_message("SetBookingEnd", ref, ("t", end))))[0])
+
+    async def cancel(self, ref: str, reason: str = "") -> dict:
+        from . import booking_calls as b
+
+        msg = b.ref_message("CancelBooking", ref, ("s", _text("reason", reason)))
+        return b.record((await self._send(msg))[0])
+
+    async def slots(self, duration, count: int = 3, **request) -> list[dict]:
+        from . import booking_calls as b
+
+        return b.records(await self._send(b.slots_message(count, duration=duration, **request)))
 
     async def resources(self) -> dict:
         return (await self.status())["health"]

@@ -83,6 +83,12 @@ class DaemonConfig:
     persist: bool = True             # keep live claims across daemon restarts
     max_claims_per_user: int = 1024  # live claims (granted or waiting) of one user; 0 = no limit
     max_waiting_per_user: int = 64   # waiting claims of one user; 0 = no limit
+    state_dir: str = ""              # the calendar's lasting state; "" = the mode's default
+    longest_booking: float = 7 * 86400      # 0 = no limit
+    booking_horizon: float = 30 * 86400     # how far ahead a booking may start; 0 = no limit
+    max_bookings_per_user: int = 64         # scheduled or active; 0 = no limit
+    booking_retention: float = 30 * 86400   # how long ended bookings stay listed
+    warn_before: float = 300.0              # warn a claim or booking this long before its end
 
 
 @dataclass(frozen=True)
@@ -311,7 +317,7 @@ def _string(pattern: str | None = None, wanted: str = "a non-empty string"):
     return check
 
 
-def _runtime_dir(value):
+def _directory(value):
     if not isinstance(value, str) or (value and not os.path.isabs(value)) or "\0" in value:
         raise _Bad(f'must be an absolute path, or "" for the default, not {_show(value)}')
     return value
@@ -346,7 +352,7 @@ _GIB = _number(0)
 # For each table: key -> (check, required).  Optional keys missing from the file keep
 # their dataclass default.
 _DAEMON = {
-    "runtime_dir": (_runtime_dir, False),
+    "runtime_dir": (_directory, False),
     "probe_timeout": (_number(0, strict=True), False),
     "sample_interval": (_number(0, strict=True), False),
     "dead_owner_grace": (_number(0), False),
@@ -354,6 +360,12 @@ _DAEMON = {
     "persist": (_boolean, False),
     "max_claims_per_user": (_index, False),
     "max_waiting_per_user": (_index, False),
+    "state_dir": (_directory, False),
+    "longest_booking": (_number(0), False),
+    "booking_horizon": (_number(0), False),
+    "max_bookings_per_user": (_index, False),
+    "booking_retention": (_number(0), False),
+    "warn_before": (_number(0), False),
 }
 _GPU = {
     "uuid": (_string(r"\S+", "a non-empty string without spaces"), True),
@@ -515,7 +527,7 @@ class _Checker:
 
 # --- reloading ---------------------------------------------------------------------------
 
-_RESTART = frozenset({"daemon.runtime_dir", "daemon.persist", "gpu", "pool"})
+_RESTART = frozenset({"daemon.runtime_dir", "daemon.state_dir", "daemon.persist", "gpu", "pool"})
 
 
 def reload_changes(old: Config, new: Config) -> tuple[list[str], list[str]]:

@@ -30,8 +30,10 @@ from .engine import Engine
 from .evidence.host import host_pools
 from .evidence.processes import boot_id
 from .health_monitor import HealthMonitor
-from .sd import notify, reloading, run_watchdog, setup_logging, watchdog_interval
 from .jsonlog import StoreBusy, StoreError
+from .sd import notify, reloading, run_watchdog, setup_logging, watchdog_interval
+from .calendar_store import CalendarStore
+from .simclock import clock_from_env
 from .store import ClaimStore
 
 log = logging.getLogger("resourced")
@@ -77,6 +79,19 @@ def runtime_dir(mode: str, configured: str, environ=os.environ) -> Path:
         raise StartupError("XDG_RUNTIME_DIR is not set: log in through a session manager, or "
                            "set RESOURCED_RUNTIME_DIR", EXIT_USAGE)
     return Path(environ["XDG_RUNTIME_DIR"]) / "resourced"
+
+
+def state_dir(mode: str, configured: str, environ=os.environ) -> Path:
+    """Where the calendar lasts: $RESOURCED_STATE_DIR, the config's, else systemd's
+    $STATE_DIRECTORY or /var/lib/resourced (system), else $XDG_STATE_HOME/resourced."""
+    if environ.get("RESOURCED_STATE_DIR"):
+        return Path(environ["RESOURCED_STATE_DIR"])
+    if configured:
+        return Path(configured)
+    if mode == "system":
+        return Path(environ.get("STATE_DIRECTORY", "/var/lib/resourced").split(":")[0])
+    base = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "resourced"
 
 
 def status_line(engine: Engine) -> str:
@@ -136,12 +151,13 @@ async def take_name(bus, mode: str, replace: bool) -> None:
         raise StartupError(NAME_TAKEN_MESSAGE.format(name=BUS_NAME, mode=mode), EXIT_NAME_TAKEN)
 
 
-async def open_store(path: Path, wait: float) -> ClaimStore:
-    """Lock the runtime directory, waiting up to ``wait`` seconds for a previous daemon."""
+async def open_store(opener, wait: float):
+    """Lock a directory (``opener()``: a store on it), waiting up to ``wait`` seconds for a
+    previous daemon to let go of it."""
     deadline = time.monotonic() + wait
     while True:
         try:
-            return ClaimStore(path, boot_id())
+            return opener()
         except StoreBusy:
             if time.monotonic() >= deadline:
                 raise
@@ -165,7 +181,8 @@ async def serve(args: argparse.Namespace) -> int:
         if args.replace:
             await take_name(bus, args.mode, replace=True)
         try:
-            store = await open_store(runtime_dir(args.mode, config.daemon.runtime_dir),
+            runtime = runtime_dir(args.mode, config.daemon.runtime_dir)
+            store = await open_store(lambda: ClaimStore(runtime, boot_id()),
                                      REPLACE_WAIT if args.replace else 0)
         except StoreBusy as exc:
             if await _name_owned(bus):
@@ -179,12 +196,27 @@ async def serve(args: argparse.Namespace) -> int:
         except (StoreError, OSError) as exc:
             store.close()
             raise StartupError(str(exc), EXIT_FAILURE) from exc
+        try:
+            state = state_dir(args.mode, config.daemon.state_dir)
+            calendar = await open_store(lambda: CalendarStore(state),
+                                        REPLACE_WAIT if args.replace else 0)
+            clock, simulated = clock_from_env()
+        except (StoreError, ValueError) as exc:
+            store.close()
+            raise StartupError(str(exc), EXIT_FAILURE) from exc
     except StartupError:
         bus.disconnect()
         raise
     engine = Engine(select_backend(), store if config.daemon.persist else None,
-                    config.daemon, config.gpus, host_pools(config.pools))
-    await engine.start(restored)
+                    config.daemon, config.gpus, host_pools(config.pools), clock=clock,
+                    calendar_store=calendar, poll_clock=simulated)
+    try:
+        await engine.start(restored)
+    except (StoreError, OSError, ValueError) as exc:
+        store.close()
+        calendar.close()
+        bus.disconnect()
+        raise StartupError(f"cannot read the calendar: {exc}", EXIT_FAILURE) from exc
     health = HealthMonitor(config.checks, config.daemon.sample_interval,
                            config.daemon.probe_timeout)
     await health.sample_now()  # so the first answer never shows "not measured yet"
@@ -198,6 +230,7 @@ async def serve(args: argparse.Namespace) -> int:
         except StartupError:
             engine.close()
             store.close()
+            calendar.close()
             bus.disconnect()
             raise
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -222,6 +255,7 @@ async def serve(args: argparse.Namespace) -> int:
         watchdog.cancel()
     engine.close()
     store.close()
+    calendar.close()
     if disconnected.done():
         log.error("lost the connection to the %s bus", args.mode)
         disconnected.exception()  # retrieved: the reason is the log line above

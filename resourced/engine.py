@@ -21,14 +21,36 @@ import secrets
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from .backends import Backend, NoGpus
 from .config import DaemonConfig, GpuEntry
 from .core.attribution import attribute, children_of, claim_processes, descendants
-from .core.claims import QUEUED, Claim, ClaimRequest, Demand, ProcessRef
+from .core.calendar import (
+    ACTIVE,
+    ENDED,
+    Blackout,
+    Booking,
+    BookingEvent,
+    BookingRequest,
+    Calendar,
+    Limits,
+    Notice,
+)
+from .core.claims import (
+    BOOKING_PRIORITY,
+    GRANTED,
+    MODES,
+    QUEUED,
+    Claim,
+    ClaimRequest,
+    Demand,
+    ProcessRef,
+)
 from .core.clock import Clock, Deadlines, wall_clock
 from .core.inventory import Gpu
 from .core.ledger import (
+    ClaimEnding,
     ClaimGranted,
     ClaimQueued,
     ClaimReleased,
@@ -36,6 +58,7 @@ from .core.ledger import (
     Ledger,
     OwnerDied,
     ReclaimAsked,
+    UntilChanged,
 )
 from .core.pools import Pool
 from .core.verify import GpuReport, SeenProcess, verify
@@ -48,6 +71,7 @@ from .errors import (
     NotProcessOwner,
     ResourcedError,
     StillInUse,
+    quoted,
 )
 from .evidence.gpuprobe import GpuEvidence, GpuProbe
 from .evidence.liveness import ExitWatcher
@@ -63,6 +87,10 @@ MAX_MEMBERS = 64
 """Member pids one claim may name: a wrapper or two, not a process table."""
 TRACK_INTERVAL = 1.0
 """Seconds between tracking sweeps while claims exist (none run while there are none)."""
+MAX_DURATION = 10 * 365 * 86400
+"""The longest a claim may ask to last (seconds)."""
+PRUNE_INTERVAL = 3600 * 1_000_000
+"""Microseconds between forgetting ended bookings past their retention."""
 
 
 @dataclass(frozen=True)
@@ -94,18 +122,22 @@ def managed_gpus(present: list[Gpu], configured: tuple[GpuEntry, ...]) -> tuple[
 class Engine:
     def __init__(self, backend: Backend, store=None, settings: DaemonConfig = DaemonConfig(),
                  configured: tuple[GpuEntry, ...] = (), pools: tuple[Pool, ...] = (),
-                 clock: Clock = wall_clock):
+                 clock: Clock = wall_clock, calendar_store=None, poll_clock: bool = False):
         self.backend = backend
         self.store = store  # a ClaimStore, or None to keep claims in memory only
+        self.calendar_store = calendar_store  # a CalendarStore, or None: bookings in memory
+        self.poll_clock = poll_clock  # a simulated clock: look at it at least each second
         self.settings = settings
         self.configured = configured
         self.pools = pools
         self.clock = clock
         self._serving: asyncio.Task | None = None  # a queue walk waiting for fresh evidence
         self._busy_free: set[str] = set()  # free GPUs last found running strangers' processes
-        self.deadlines = Deadlines()  # ("queue", claim id) -> when a waiter leaves the queue
+        self.deadlines = Deadlines()  # (kind, id) -> when: see run_due
         self._alarm: asyncio.TimerHandle | None = None  # one timer, for the earliest deadline
         self.ledger = Ledger([])
+        self.calendar = Calendar(self.ledger.timeline, _limits(settings))
+        self._pruned = 0
         self.present: list[Gpu] = []  # every GPU the backend reports, managed or not
         self.missing: list[GpuEntry] = []
         self.backend_note = getattr(backend, "reason", "")
@@ -136,17 +168,27 @@ class Engine:
             self.probe = GpuProbe(self.backend, self.settings.probe_timeout)
         gpus, self.missing = managed_gpus(self.present, self.configured)
         self.ledger = Ledger(gpus, self.pools)
+        self.calendar = Calendar(self.ledger.timeline, _limits(self.settings))
         if not gpus:
             log.warning("no GPUs to manage: %s", self.backend_note or "the backend lists none")
         for entry in self.missing:
             log.warning("configured GPU %s is not present", entry.uuid)
+        if self.calendar_store is not None:  # bookings first: restored claims end before them
+            dropped = self.calendar.load(*self.calendar_store.load())
+            for booking in dropped:
+                log.error("cancelling booking %s: %s", booking.id, booking.reason)
+            self._record_calendar([BookingEvent(b, "ended") for b in dropped])
         for claim, why in self.ledger.restore((restored or {}).values()):
             log.error("dropping restored claim %s: %s", claim.id, why)
         for claim in list(self.ledger.claims.values()):
             self._watch_claim(claim)
             self._arm_timeout(claim)
+            self._arm_until(claim)
         self._commit(self.ledger.schedule(None))
         self.run_due()
+        for booking in list(self.calendar.bookings.values()):  # active; its claim was voided
+            if booking.state == ACTIVE and booking.id not in self.ledger.claims:
+                self._start_booking(booking)
         self._serve_queue()
         if self.ledger.claims:
             log.info("restored %d claim(s)", len(self.ledger.claims))
@@ -165,6 +207,7 @@ class Engine:
         """Take new [daemon] settings on a reload (those that need no restart)."""
         self.settings = settings
         self.probe.timeout = settings.probe_timeout
+        self.calendar.limits = _limits(settings)
 
     def subscribe(self, listener: Callable[[list[Event]], None]) -> None:
         self._listeners.append(listener)
@@ -174,14 +217,23 @@ class Engine:
                     owner_pid: int | None = None, label: str = "", task_name: str = "",
                     member_pids: tuple[int, ...] = (), priority: int = 0, wait: bool = False,
                     timeout: float | None = None, reclaimable: bool = False,
-                    ) -> tuple[Claim, list[str]]:
+                    duration: float | None = None) -> tuple[Claim, list[str]]:
         """Grant ``demand`` all or nothing, or queue it (``wait``); returns the claim (granted
         or queued) and any warnings.
 
         ``member_pids`` are further processes of the caller that belong to the claim from
         the start (gpuctl run's wrapper, which adopts the command's orphans).  A queued
-        claim leaves the queue after ``timeout`` seconds, or when its owner exits."""
+        claim leaves the queue after ``timeout`` seconds, or when its owner exits.  A claim
+        with a ``duration`` (seconds) ends that long after it was asked for; every claim
+        is granted only until the next booking needs what it holds (``until_usec``)."""
         self._check_limits(caller, wait)
+        if mode not in MODES:
+            raise InvalidRequest(f"mode must be one of {', '.join(MODES)}, not {quoted(mode)}")
+        if priority >= BOOKING_PRIORITY:
+            raise InvalidRequest(f"priority {priority} is kept for bookings: at most "
+                                 f"{BOOKING_PRIORITY - 1}")
+        if duration is not None and not 0 < duration <= MAX_DURATION:
+            raise InvalidRequest("a claim must last more than 0 seconds and at most 10 years")
         member_pids = tuple(dict.fromkeys(member_pids))  # each once, in order
         if len(member_pids) > MAX_MEMBERS:
             raise InvalidRequest(f"{len(member_pids)} member pids given, at most {MAX_MEMBERS} "
@@ -190,12 +242,15 @@ class Engine:
         try:
             pinned += [_callers_process(caller, pid, "member") for pid in member_pids]
             user = await self._user_name(caller.uid)
-            deadline = 0 if timeout is None else self.clock() + int(timeout * 1e6)
+            self.run_due()  # bookings due by now have started: the decision sees them
+            now = self.clock()
+            deadline = 0 if timeout is None else now + int(timeout * 1e6)
             request = ClaimRequest(demand=demand, mode=mode, owner=pinned[0][0], uid=caller.uid,
                                    user=user, label=label, task_name=task_name,
                                    members=frozenset(ref for ref, _ in pinned[1:]),
                                    priority=priority, reclaimable=reclaimable,
-                                   queue_deadline_usec=deadline)
+                                   queue_deadline_usec=deadline,
+                                   end_usec=0 if duration is None else now + int(duration * 1e6))
             busy, warnings = frozenset(), []
             if demand.gpus or demand.vram or self.ledger.waiting_for_gpus():
                 busy, warnings = self._busy_gpus(await self.probe.processes())
@@ -218,6 +273,11 @@ class Engine:
         for ref, fd in pinned:
             self._watcher.watch_pidfd((claim.id, ref), ref, fd)
         self._arm_timeout(claim)
+        if claim.until_booking:
+            booking = self.calendar.bookings.get(claim.until_booking)
+            warnings.append(f"granted until {_utc(claim.until_usec)} only: booked from then"
+                            f"{f' by {booking.user}' if booking else ''}; you will be asked "
+                            "to give it back then")
         return claim, warnings
 
     def _check_limits(self, caller: Caller, wait: bool) -> None:
@@ -266,23 +326,68 @@ class Engine:
             self.deadlines.set(("queue", claim.id), claim.queue_deadline_usec)
             self._rearm()
 
+    def _arm_until(self, claim: Claim) -> None:
+        """A granted claim's end (its own, or a booking's start), and the warning before."""
+        if claim.state != GRANTED or not claim.until_usec:
+            return
+        if claim.mode != "booking":  # a booking's claim ends with the booking
+            self.deadlines.set(("until", claim.id), claim.until_usec)
+        warn = claim.until_usec - int(self.settings.warn_before * 1e6)
+        if warn > self.clock():
+            self.deadlines.set(("warn", claim.id), warn)
+        self._rearm()
+
     def run_due(self) -> None:
-        """Act on every deadline due by the clock's now (the alarm calls this; tests with a
-        manual clock call it after moving the clock)."""
-        for kind, claim_id in self.deadlines.due(self.clock()):
+        """Act on every deadline due by the clock's now: a waiter's queue timeout
+        (``queue``), a claim's end or a booking's start on what it holds (``until``), the
+        warning before either (``warn``), and the calendar's starts and ends.  The alarm
+        calls this, and so does every operation before deciding (tests with a manual clock
+        call it after moving the clock)."""
+        now = self.clock()
+        for kind, claim_id in self.deadlines.due(now):
             if kind == "queue":
                 self._queue_timeout(claim_id)
+            elif kind == "until":
+                self._until_reached(claim_id)
+            elif kind == "warn" and claim_id in self.ledger.claims:
+                self._commit([ClaimEnding(self.ledger.claims[claim_id])])
+        when = self.calendar.next_due()
+        if when is not None and when <= now:
+            events, _ = self.calendar.due(now)
+            self._calendar_changed(events)
+        if now - self._pruned >= PRUNE_INTERVAL:
+            self._pruned = now
+            gone = self.calendar.prune(now)
+            if gone and self.calendar_store is not None:
+                self._record_calendar([], forgotten=gone)
         self._rearm()
 
     def _rearm(self) -> None:
-        """One loop timer, for the earliest deadline."""
+        """One loop timer, for the earliest deadline (at least each second on a simulated
+        clock, which may jump)."""
         if self._alarm is not None:
             self._alarm.cancel()
             self._alarm = None
-        when = self.deadlines.next()
-        if when is not None:
-            delay = max(0.0, (when - self.clock()) / 1e6)
+        when = min((w for w in (self.deadlines.next(), self.calendar.next_due()) if w is not None),
+                   default=None)
+        if when is not None or self.poll_clock:
+            delay = 1.0 if when is None else max(0.0, (when - self.clock()) / 1e6)
+            if self.poll_clock:
+                delay = min(delay, 1.0)
             self._alarm = asyncio.get_running_loop().call_later(delay, self.run_due)
+
+    def _until_reached(self, claim_id: str) -> None:
+        """A claim's time is up: its own end releases it; a booking's start makes it
+        overdue (asked back by the booking's claim)."""
+        claim = self.ledger.claims.get(claim_id)
+        if claim is None or claim.state != GRANTED:
+            return
+        if claim.until_booking:
+            audit(f"{claim_id} is past its time: booking {claim.until_booking} needs what it "
+                  "holds", priority=5, claim=claim_id, uid=claim.uid, event="overdue")
+            self._commit(self.ledger.overdue(claim_id, busy=None))
+        else:
+            self._end(claim_id, "expired", None, "")
 
     def _queue_timeout(self, claim_id: str) -> None:
         claim = self.ledger.claims.get(claim_id)
@@ -320,6 +425,161 @@ class Engine:
         missing = [(e.uuid, e.alias or "", e.index if e.index is not None else -1)
                    for e in self.missing]
         return verify(self.ledger, seen, evidence.reason, missing)
+
+    # -- bookings ----------------------------------------------------------------------
+    async def book(self, caller: Caller, request: BookingRequest, op_id: str = "") -> tuple[Booking, str]:
+        """Admit a booking (or answer the first result of a replayed ``op_id``): created |
+        exists."""
+        user = await self._user_name(caller.uid)
+        self.run_due()
+        booking, status, events = self.calendar.book(
+            request, self._new_id("b"), caller.uid, user, self.clock(), op_id)
+        self._calendar_changed(events, undo=[(booking.id, None)])
+        return self.calendar.bookings[booking.id], status
+
+    def edit_booking(self, caller: Caller, booking_id: str, request: BookingRequest,
+                     admin: bool = False) -> Booking:
+        self.run_due()
+        old = self.calendar.bookings.get(booking_id)
+        booking, events = self.calendar.edit(booking_id, request, caller.uid, self.clock(), admin)
+        self._calendar_changed(events, undo=[(booking_id, old)])
+        return booking
+
+    def set_booking_end(self, caller: Caller, booking_id: str, end_usec: int,
+                        admin: bool = False) -> Booking:
+        self.run_due()
+        old = self.calendar.bookings.get(booking_id)
+        booking, events = self.calendar.set_end(booking_id, end_usec, caller.uid, self.clock(), admin)
+        self._calendar_changed(events, undo=[(booking_id, old)])
+        return booking
+
+    def cancel_booking(self, caller: Caller, booking_id: str, reason: str = "",
+                       admin: bool = False) -> Booking:
+        self.run_due()
+        old = self.calendar.bookings.get(booking_id)
+        booking, events = self.calendar.cancel(booking_id, caller.uid, self.clock(), admin, reason)
+        if reason and caller.uid != booking.uid:
+            audit(f"booking {booking_id} of {booking.user or booking.uid} {booking.ended} by uid "
+                  f"{caller.uid}: {reason}", priority=4, uid=booking.uid, event="booking-cancelled",
+                  reason=reason)
+        self._calendar_changed(events, undo=[(booking_id, old)])
+        return booking
+
+    def add_blackout(self, caller: Caller, start_usec: int, end_usec: int, reason: str) -> tuple[Blackout, list[Booking]]:
+        """Block a window for new bookings; returns it and the bookings already in it."""
+        self.run_due()
+        if end_usec <= self.clock():
+            raise InvalidRequest("the blackout is over already: its end is in the past")
+        blackout = Blackout(self._new_id("x"), start_usec, end_usec, reason)
+        inside = self.calendar.add_blackout(blackout)
+        self._record_or_undo(lambda: self.calendar.remove_blackout(blackout.id), blackout=blackout)
+        audit(f"blackout {blackout.id} {_utc(start_usec)}-{_utc(end_usec)} by uid {caller.uid}: "
+              f"{reason}", priority=5, event="blackout", reason=reason)
+        self._publish_calendar([BookingEvent(b, "blackout") for b in inside])
+        return blackout, inside
+
+    def remove_blackout(self, caller: Caller, blackout_id: str) -> Blackout:
+        blackout = self.calendar.remove_blackout(blackout_id)
+        self._record_or_undo(lambda: self.calendar.blackouts.__setitem__(blackout_id, blackout),
+                             unblackout=blackout_id)
+        return blackout
+
+    def add_notice(self, caller: Caller, text: str, until_usec: int) -> Notice:
+        notice = Notice(self._new_id("n"), text, self.clock(), until_usec, caller.uid)
+        self.calendar.add_notice(notice)
+        self._record_or_undo(lambda: self.calendar.notices.pop(notice.id), notice=notice)
+        self._publish_calendar([notice])
+        return notice
+
+    def remove_notice(self, caller: Caller, notice_id: str) -> Notice:
+        notice = self.calendar.remove_notice(notice_id)
+        self._record_or_undo(lambda: self.calendar.notices.__setitem__(notice_id, notice),
+                             unnotice=notice_id)
+        return notice
+
+    def notices(self) -> list[Notice]:
+        now = self.clock()
+        return sorted((n for n in self.calendar.notices.values()
+                       if not n.until_usec or n.until_usec > now), key=lambda n: n.created_usec)
+
+    def bookings(self, uid: int | None, since_usec: int | None = None,
+                 until_usec: int | None = None) -> list[Booking]:
+        """Bookings by start: of one user (None: everyone's), live ones and those ended
+        since ``since_usec`` (default: the last 24 hours); starting before ``until_usec``."""
+        self.run_due()
+        since = self.clock() - 86400 * 1_000_000 if since_usec is None else since_usec
+        return sorted((b for b in self.calendar.bookings.values()
+                       if (uid is None or b.uid == uid)
+                       and (b.state != ENDED or b.ended_usec >= since)
+                       and (until_usec is None or b.start_usec < until_usec)),
+                      key=lambda b: (b.start_usec, b.id))
+
+    def booking(self, booking_id: str) -> Booking:
+        booking = self.calendar.bookings.get(booking_id)
+        if booking is None:
+            raise NoSuchClaim(f"no booking {quoted(booking_id)} (unknown, or ended long ago)")
+        return booking
+
+    def slots(self, request: BookingRequest, count: int) -> list[tuple[int, tuple[str, ...]]]:
+        self.run_due()
+        return self.calendar.slots(request, self.clock(), count)
+
+    def _calendar_changed(self, events: list[BookingEvent], undo=()) -> None:
+        """Record booking events (undoing them if that fails: nothing is acknowledged that a
+        restart would forget), then act on the claims: a booking that starts becomes a
+        claim, one that ends releases it, one whose end moved moves its claim's, and claims
+        granted until a booking that moved or went away may hold longer."""
+        if not events:
+            return
+        try:
+            self._record_calendar(events)
+        except Internal:
+            for booking_id, old in undo:
+                self.calendar.put_back(booking_id, old)
+            raise
+        moved = []
+        for event in events:
+            b = event.booking
+            moved.append(b.id)
+            if event.what == "started":
+                self._start_booking(b)
+            elif event.what == "ended" and b.id in self.ledger.claims:
+                self._end(b.id, "expired" if b.ended == "expired" else "booking-" + b.ended,
+                          None, b.reason)
+            elif event.what == "changed" and b.state == ACTIVE and b.id in self.ledger.claims:
+                self._commit(self.ledger.set_end(b.id, b.end_usec))
+        self._commit(self.ledger.refresh_until(moved))
+        self._publish_calendar(events)
+        self.run_due()  # a booking made for now starts now
+        self._rearm()
+
+    def _start_booking(self, booking: Booking) -> None:
+        request = booking.request
+        demand = Calendar._demand(request)
+        self._commit(self.ledger.start_booking(
+            booking.id, demand, booking.gpus, booking.uid, booking.user, request.label,
+            request.task_name, self.clock(), booking.end_usec, busy=None))
+
+    def _record_calendar(self, events: list[BookingEvent], **changes) -> None:
+        if self.calendar_store is None:
+            return
+        try:
+            self.calendar_store.record(events, **changes)
+            self.calendar_store.compact_if_grown(self.calendar)
+        except OSError as exc:
+            log.error("cannot record the calendar in %s: %s", self.calendar_store.path, exc)
+            raise Internal("the daemon cannot record the calendar; see its log") from exc
+
+    def _record_or_undo(self, undo, **changes) -> None:
+        try:
+            self._record_calendar([], **changes)
+        except Internal:
+            undo()
+            raise
+
+    def _publish_calendar(self, items: list) -> None:
+        for listener in self._listeners:
+            listener(items)
 
     # -- views -------------------------------------------------------------------------
     def gpu_state(self, gpu: Gpu) -> str:
@@ -461,7 +721,8 @@ class Engine:
     def _forget(self, claim: Claim) -> None:
         for ref in claim.members | {claim.owner}:
             self._watcher.forget((claim.id, ref))
-        self.deadlines.cancel(("queue", claim.id))
+        for kind in ("queue", "until", "warn"):
+            self.deadlines.cancel((kind, claim.id))
 
     # -- internals ---------------------------------------------------------------------
     @staticmethod
@@ -481,12 +742,15 @@ class Engine:
                   gpu=",".join(claim.gpus), event=f"{how}-release", reason=reason)
         self._commit(events)
 
-    def _new_id(self) -> str:
+    def _new_id(self, prefix: str = "c") -> str:
+        """A fresh reference: claims and bookings share one space (an active booking is a
+        claim of the same id)."""
         while True:
             n = int.from_bytes(secrets.token_bytes(5), "big")
-            claim_id = "c" + "".join(ID_ALPHABET[(n >> (6 * i)) % 36] for i in range(6))
-            if claim_id not in self.ledger.claims:
-                return claim_id
+            ref = prefix + "".join(ID_ALPHABET[(n >> (6 * i)) % 36] for i in range(6))
+            if ref not in self.ledger.claims and ref not in self.calendar.bookings and \
+                    ref not in self.calendar.blackouts and ref not in self.calendar.notices:
+                return ref
 
     def _commit(self, events: list[Event], undo=None) -> None:
         """Persist ``events`` (before anyone hears of them), then audit and publish them;
@@ -500,8 +764,9 @@ class Engine:
         for event in events:
             if isinstance(event, ClaimReleased):
                 self._forget(event.claim)
-            elif isinstance(event, ClaimGranted):
+            elif isinstance(event, (ClaimGranted, UntilChanged)):
                 self.deadlines.cancel(("queue", event.claim.id))
+                self._arm_until(self.ledger.claims[event.claim.id])
         if self.store is not None:
             try:
                 self.store.record(events, self.ledger.claims)
@@ -552,6 +817,15 @@ class Engine:
             except (TimeoutError, KeyError):
                 return str(uid)
         return self._user_names[uid]
+
+
+def _limits(settings: DaemonConfig) -> Limits:
+    return Limits(longest=settings.longest_booking, horizon=settings.booking_horizon,
+                  per_user=settings.max_bookings_per_user, retention=settings.booking_retention)
+
+
+def _utc(usec: int) -> str:
+    return datetime.fromtimestamp(usec / 1e6, UTC).isoformat(timespec="seconds")
 
 
 def _callers_process(caller: Caller, pid: int, role: str) -> tuple[ProcessRef, int]:

@@ -21,6 +21,7 @@ from .core.ledger import (
     OwnerDied,
     ReclaimAsked,
     ReclaimWithdrawn,
+    UntilChanged,
 )
 from .errors import ResourcedError
 from .jsonlog import DAMAGE, JsonLog, prepare_private_dir
@@ -46,6 +47,8 @@ def claim_to_record(claim: Claim) -> dict:
         "reclaim_for": claim.reclaim_for, "queue_deadline_usec": claim.queue_deadline_usec,
         "owner_alive": claim.owner_alive, "owner_died_usec": claim.owner_died_usec,
         "members": sorted([m.pid, m.start_time] for m in claim.members),
+        "end_usec": claim.end_usec, "on": list(claim.on), "until_usec": claim.until_usec,
+        "until_booking": claim.until_booking,
     }
 
 
@@ -56,6 +59,7 @@ def claim_from_record(data: dict) -> Claim:
         "demand": Demand(d["gpus"], d["vram"], tuple((n, a) for n, a in d["pools"])),
         "owner": ProcessRef(**data["owner"]),
         "gpus": tuple(data["gpus"]),
+        "on": tuple(data.get("on", ())),
         "members": frozenset(ProcessRef(pid, start) for pid, start in data["members"]),
     })
 
@@ -102,7 +106,7 @@ class ClaimStore:
         """Append the events, one write; compact when the log has grown past its use."""
         records = []
         for event in events:
-            if isinstance(event, (ClaimGranted, ClaimQueued)):
+            if isinstance(event, (ClaimGranted, ClaimQueued, UntilChanged)):
                 records.append({"op": "grant", "claim": claim_to_record(event.claim)})
             elif isinstance(event, ClaimReleased):
                 records.append({"op": "release", "id": event.claim.id})

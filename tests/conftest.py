@@ -62,6 +62,7 @@ class Daemon:
         self.runtime_dir = runtime_dir or tmp_path / f"run-{stamp}"
         self.env = {**os.environ, **bus.env(), "RESOURCED_SIMULATED_GPUS": str(gpus),
                     "RESOURCED_RUNTIME_DIR": str(self.runtime_dir), "PYTHONUNBUFFERED": "1",
+                    "RESOURCED_STATE_DIR": f"{self.runtime_dir}-state",
                     **(env or {})}
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(

@@ -13,7 +13,8 @@ R = PropertyAccess.READ
 
 class ClaimInterface(Interface):
     OUT_NAMES = {"Release": ("warnings",), "Granted": ("grant",), "Cancelled": ("reason",),
-                 "ReclaimRequested": ("waiter_id", "waiter_priority")}
+                 "ReclaimRequested": ("waiter_id", "waiter_priority"),
+                 "Ending": ("until_usec", "booking_id")}
     CONST_PROPERTIES = frozenset({
         "Id", "Mode", "UID", "User", "OwnerPID", "OwnerStartTime", "Label", "TaskName",
         "CreatedUSec", "Priority", "Reclaimable", "VRAMBytes", "Pools",
@@ -45,6 +46,12 @@ class ClaimInterface(Interface):
     @dbus_signal()
     def ReclaimWithdrawn(self) -> "":
         return None
+
+    @dbus_signal()
+    def Ending(self, until_usec: int, booking_id: str) -> "ts":
+        """It must give back what it holds at ``until_usec`` (warn_before ahead): its own
+        end, or the start of booking ``booking_id``."""
+        return [until_usec, booking_id]
 
     # -- properties --------------------------------------------------------------------
     @dbus_property(access=R)
@@ -115,6 +122,16 @@ class ClaimInterface(Interface):
     @dbus_property(access=R)
     def Pools(self) -> "a{st}":
         return dict(self.claim.demand.pools)
+
+    @dbus_property(access=R)
+    def UntilUSec(self) -> "t":
+        """When it must give back what it holds (0: no end): its end, or a booking's start."""
+        return self.claim.until_usec
+
+    @dbus_property(access=R)
+    def UntilBooking(self) -> "s":
+        """The booking that starts at ``UntilUSec`` ("" when it is the claim's own end)."""
+        return self.claim.until_booking
 
     @dbus_property(access=R)
     def MemberPIDs(self) -> "au":

@@ -63,6 +63,10 @@ class StateView:
                 for p in ledger.pools.values()
             ],
             "health": self.health.describe(),
+            "notices": [{"id": n.id, "text": n.text, "created_usec": n.created_usec,
+                         "until_usec": n.until_usec} for n in self.engine.notices()],
+            "bookings_scheduled": sum(1 for b in self.engine.calendar.bookings.values()
+                                      if b.state == "scheduled"),
         }
 
     def _claim_json(self, c: Claim) -> str:
@@ -90,6 +94,8 @@ class StateView:
             "label": c.label,
             "task_name": c.task_name,
             "created_usec": c.created_usec,
+            "until_usec": c.until_usec,
+            "until_booking": c.until_booking,
             "gpus": [gpus[u].label for u in c.gpus],
             "gpu_uuids": list(c.gpus),
             "gpu_indices": [gpus[u].index for u in c.gpus],
@@ -109,4 +115,6 @@ class StateView:
             "VRAMBytes": Variant("t", claim.demand.vram),
             "Pools": Variant("a{st}", dict(claim.demand.pools)),
             "Warnings": Variant("as", list(warnings)),
+            "UntilUSec": Variant("t", claim.until_usec),
+            "UntilBooking": Variant("s", claim.until_booking),
         }

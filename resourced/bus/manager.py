@@ -21,7 +21,10 @@ from .. import __version__
 from ..config import ConfigError
 from ..core import health as health_levels
 from ..core.claims import Demand
+from ..core.calendar import BookingEvent, Notice
+from ..core.claims import BOOKING
 from ..core.ledger import (
+    ClaimEnding,
     ClaimGranted,
     ClaimQueued,
     ClaimReleased,
@@ -30,11 +33,21 @@ from ..core.ledger import (
     OwnerDied,
     ReclaimAsked,
     ReclaimWithdrawn,
+    UntilChanged,
 )
 from ..core.verify import GpuReport
 from ..engine import Engine
 from ..errors import InvalidRequest
 from ..health_monitor import HealthMonitor
+from .bookings import (
+    MAX_SLOTS,
+    UserInterface,
+    blackout_record,
+    booking_record,
+    booking_request,
+    list_filter,
+    notice_record,
+)
 from .caller import Credentials, current_call
 from .claim import ClaimInterface
 from .describe import StateView
@@ -51,9 +64,10 @@ from .names import (
     claim_path,
     gpu_path,
     pool_path,
+    user_path,
 )
 from .options import parse_options
-from .polkit import CLAIM, MANAGE, RELEASE_OTHER, Authority
+from .polkit import CLAIM, MANAGE, RELEASE_OTHER, RESERVE, Authority
 from .pool import PoolInterface
 
 R = PropertyAccess.READ
@@ -61,10 +75,11 @@ R = PropertyAccess.READ
 CLAIM_OPTIONS = {
     "Mode": "s", "OwnerPID": "u", "MemberPIDs": "au", "Label": "s", "TaskName": "s",
     "VRAMBytes": "t", "Pools": "a{st}", "Priority": "i", "Wait": "b",
-    "QueueTimeoutUSec": "t", "Reclaimable": "b",
+    "QueueTimeoutUSec": "t", "Reclaimable": "b", "DurationUSec": "t",
 }
 RELEASE_FLAGS = RELEASE_FORCE
-FEATURES = ["claims", "dev-claims", "verify", "health", "pools", "queue", "reclaim"]
+FEATURES = ["claims", "dev-claims", "verify", "health", "pools", "queue", "reclaim",
+            "bookings"]
 
 
 
@@ -85,6 +100,18 @@ class ManagerInterface(Interface):
         "ClaimNew": ("claim_id", "claim"),
         "ClaimRemoved": ("claim_id", "claim", "reason"),
         "LevelChanged": ("check", "old_level", "new_level", "reason"),
+        "Book": ("status", "booking"),
+        "EditBooking": ("booking",),
+        "SetBookingEnd": ("booking",),
+        "CancelBooking": ("booking",),
+        "ListBookings": ("bookings",),
+        "GetBooking": ("booking",),
+        "FindSlots": ("slots",),
+        "AddBlackout": ("blackout_id", "bookings_inside"),
+        "ListBlackouts": ("blackouts",),
+        "AddNotice": ("notice_id",),
+        "ListNotices": ("notices",),
+        "NoticeAdded": ("notice_id", "text"),
     }
 
     def __init__(self, bus, engine: Engine, mode: str, health: HealthMonitor, reload=None):
@@ -101,6 +128,7 @@ class ManagerInterface(Interface):
         self._gpus: dict[str, GpuInterface] = {}
         self._claims: dict[str, ClaimInterface] = {}  # the claim objects exported so far
         self._waiting: set[str] = set()  # queued claims (their objects are always exported)
+        self._users: dict[int, UserInterface] = {}  # per-user signal objects, made when needed
         self.view = StateView(engine, mode, health)
 
     def export(self) -> None:
@@ -144,6 +172,7 @@ class ManagerInterface(Interface):
             wait=opts.get("Wait", False),
             timeout=None if timeout is None else timeout / 1e6,
             reclaimable=opts.get("Reclaimable", False),
+            duration=opts["DurationUSec"] / 1e6 if "DurationUSec" in opts else None,
         )
         return [claim.id, claim_path(claim.id), self.view.grant(claim, warnings)]
 
@@ -213,7 +242,106 @@ class ManagerInterface(Interface):
     def Describe(self) -> "s":
         return self.view.describe()
 
+    # -- bookings ----------------------------------------------------------------------
+    @dbus_method()
+    @bus_errors
+    async def Book(self, options: "a{sv}") -> "sa{sv}":
+        request, op_id = booking_request(options, self._gpu_uuid)
+        caller = await self.credentials.caller()
+        await self.authority.check(current_call.get(), caller.uid, RESERVE, {
+            "gpus": str(request.demand.gpus), "duration_usec": str(request.duration_usec)})
+        booking, status = await self.engine.book(caller, request, op_id)
+        return [status, self._record(booking)]
+
+    @dbus_method()
+    @bus_errors
+    async def EditBooking(self, booking_id: "s", options: "a{sv}") -> "a{sv}":
+        caller, admin = await self._owner_or_admin(booking_id)
+        base = self.engine.booking(booking_id)
+        request, _ = booking_request(options, self._gpu_uuid, base)
+        return self._record(self.engine.edit_booking(caller, booking_id, request, admin))
+
+    @dbus_method()
+    @bus_errors
+    async def SetBookingEnd(self, booking_id: "s", end_usec: "t") -> "a{sv}":
+        caller, admin = await self._owner_or_admin(booking_id)
+        return self._record(self.engine.set_booking_end(caller, booking_id, end_usec, admin))
+
+    @dbus_method()
+    @bus_errors
+    async def CancelBooking(self, booking_id: "s", reason: "s") -> "a{sv}":
+        caller, admin = await self._owner_or_admin(booking_id)
+        return self._record(self.engine.cancel_booking(caller, booking_id, reason, admin))
+
+    @dbus_method()
+    @bus_errors
+    async def ListBookings(self, options: "a{sv}") -> "aa{sv}":
+        """The caller's bookings (``All``: everyone's), live ones and those ended since
+        ``SinceUSec`` (default: 24 hours ago), by start; ``Offset``/``Limit`` page."""
+        opts = list_filter(options)
+        uid = None if opts.get("All") else (await self.credentials.caller()).uid
+        found = self.engine.bookings(uid, opts.get("SinceUSec"), opts.get("UntilUSec"))
+        offset = opts.get("Offset", 0)
+        page = found[offset: offset + opts["Limit"]] if "Limit" in opts else found[offset:]
+        return [self._record(b) for b in page]
+
+    @dbus_method()
+    @bus_errors
+    def GetBooking(self, booking_id: "s") -> "a{sv}":
+        return self._record(self.engine.booking(booking_id))
+
+    @dbus_method()
+    @bus_errors
+    def FindSlots(self, options: "a{sv}", count: "u") -> "aa{sv}":
+        """The earliest ``count`` starts where a booking would fit (read-only)."""
+        if not 1 <= count <= MAX_SLOTS:
+            raise InvalidRequest(f"count must be from 1 to {MAX_SLOTS}")
+        request, _ = booking_request(options, self._gpu_uuid)
+        gpus = self.engine.ledger.gpus
+        return [{"StartUSec": Variant("t", start),
+                 "EndUSec": Variant("t", start + request.duration_usec),
+                 "GPUUUIDs": Variant("as", list(on)),
+                 "GPUIndices": Variant("au", [gpus[u].index for u in on])}
+                for start, on in self.engine.slots(request, count)]
+
+    @dbus_method()
+    @bus_errors
+    async def AddBlackout(self, start_usec: "t", end_usec: "t", reason: "s") -> "sas":
+        caller = await self._manager()
+        blackout, inside = self.engine.add_blackout(caller, start_usec, end_usec, reason)
+        return [blackout.id, [b.id for b in inside]]
+
+    @dbus_method()
+    @bus_errors
+    async def RemoveBlackout(self, blackout_id: "s") -> "":
+        self.engine.remove_blackout(await self._manager(), blackout_id)
+
+    @dbus_method()
+    @bus_errors
+    def ListBlackouts(self) -> "aa{sv}":
+        return [blackout_record(b) for b in sorted(self.engine.calendar.blackouts.values(),
+                                                     key=lambda b: b.start_usec)]
+
+    @dbus_method()
+    @bus_errors
+    async def AddNotice(self, text: "s", until_usec: "t") -> "s":
+        return self.engine.add_notice(await self._manager(), text, until_usec).id
+
+    @dbus_method()
+    @bus_errors
+    async def RemoveNotice(self, notice_id: "s") -> "":
+        self.engine.remove_notice(await self._manager(), notice_id)
+
+    @dbus_method()
+    @bus_errors
+    def ListNotices(self) -> "aa{sv}":
+        return [notice_record(n) for n in self.engine.notices()]
+
     # -- signals -----------------------------------------------------------------------
+    @dbus_signal()
+    def NoticeAdded(self, notice_id: str, text: str) -> "ss":
+        return [notice_id, text]
+
     @dbus_signal()
     def ClaimNew(self, claim_id: str, path: str) -> "so":
         return [claim_id, path]
@@ -289,6 +417,48 @@ class ManagerInterface(Interface):
                                          admin=admin)
 
     # -- internals ---------------------------------------------------------------------
+    async def _owner_or_admin(self, booking_id: str):
+        """The caller, and whether they act as an administrator (not the booking's own
+        user: that needs ``manage``)."""
+        caller = await self.credentials.caller()
+        booking = self.engine.booking(booking_id)
+        admin = caller.uid not in (0, booking.uid)
+        if admin:
+            await self.authority.check(current_call.get(), caller.uid, MANAGE, {
+                "booking": booking_id, "owner_uid": str(booking.uid)})
+        return caller, admin
+
+    async def _manager(self):
+        caller = await self.credentials.caller()
+        await self.authority.check(current_call.get(), caller.uid, MANAGE, {})
+        return caller
+
+    def _gpu_uuid(self, name: str) -> str:
+        return self.engine.ledger.gpu_by_name(name).uuid
+
+    def _record(self, booking) -> dict:
+        return booking_record(booking, self.engine.ledger.gpus,
+                              self.engine.ledger.claims.get(booking.id))
+
+    def _user_object(self, uid: int) -> UserInterface:
+        iface = self._users.get(uid)
+        if iface is None:
+            iface = self._users[uid] = UserInterface()
+            self.bus.export(user_path(uid), iface)
+        return iface
+
+    def _publish_calendar(self, items: list) -> list[tuple]:
+        """Signals for booking events (on their owner's path) and notices."""
+        out = []
+        for item in items:
+            if isinstance(item, Notice):
+                out.append((self.NoticeAdded, item.id, item.text))
+            else:
+                b = item.booking
+                out.append((self._user_object(b.uid).BookingChanged, b.id, item.what,
+                            self._record(b)))
+        return out
+
     def _export_checks(self) -> None:
         """(Re-)export one object per configured check (again after a reload)."""
         for name, iface in self._checks.items():
@@ -341,6 +511,10 @@ class ManagerInterface(Interface):
         out: list[tuple] = []  # (function, args), in order
         touched_gpus: set[str] = set()
         touched_pools: set[str] = set()
+        calendar = [e for e in events if isinstance(e, (BookingEvent, Notice))]
+        if calendar:
+            out += self._publish_calendar(calendar)
+            events = [e for e in events if not isinstance(e, (BookingEvent, Notice))]
         for event in events:
             claim = event.claim
             self.view.changed(claim.id)  # whatever the event, the record changed
@@ -380,6 +554,17 @@ class ManagerInterface(Interface):
                 iface = self._claim_object(claim.id)
                 out.append((iface.emit_properties_changed, {"ReclaimRequested": False}))
                 out.append((iface.ReclaimWithdrawn,))
+            elif isinstance(event, UntilChanged):
+                out.append((self._claim_object(claim.id).emit_properties_changed,
+                            {"UntilUSec": claim.until_usec,
+                             "UntilBooking": claim.until_booking}))
+            elif isinstance(event, ClaimEnding):
+                out.append((self._claim_object(claim.id).Ending, claim.until_usec,
+                            claim.until_booking))
+                if claim.mode == BOOKING and claim.id in self.engine.calendar.bookings:
+                    booking = self.engine.calendar.bookings[claim.id]
+                    out.append((self._user_object(claim.uid).BookingChanged, claim.id,
+                                "ending", self._record(booking)))
             if isinstance(event, (ClaimGranted, ClaimReleased)):
                 touched_gpus.update(claim.gpus)
                 touched_pools.update(name for name, _ in claim.demand.pools)
@@ -389,7 +574,7 @@ class ManagerInterface(Interface):
                 "State": gpu.State, "ClaimID": gpu.ClaimID, "VRAMUsedBytes": gpu.VRAMUsedBytes}))
         for name in touched_pools:
             out.append((self._pools[name].emit_properties_changed, {"Free": self._pools[name].Free}))
-        if any(isinstance(e, (ClaimQueued, ClaimGranted, ClaimReleased)) for e in events):
+        if events and any(isinstance(e, (ClaimQueued, ClaimGranted, ClaimReleased)) for e in events):
             out.append((self.emit_properties_changed, {
                 "FreeGPUs": self.engine.free_count(),
                 "NClaims": len(self.engine.ledger.claims),

@@ -38,3 +38,11 @@ POOL_IFACE = "org.resourced.Pool"
 
 def pool_path(name: str) -> str:
     return f"{MANAGER_PATH}/pool/{escape_element(name)}"
+
+USER_IFACE = "org.resourced.User"
+USER_PREFIX = f"{MANAGER_PATH}/user/"
+
+
+def user_path(uid: int) -> str:
+    """Where signals about one user's bookings go: only that user's clients listen."""
+    return f"{USER_PREFIX}{uid}"

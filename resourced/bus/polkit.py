@@ -30,6 +30,8 @@ READ = None
 """Reading needs no authorization."""
 OWNER_OR_RELEASE_OTHER = "owner-or:" + RELEASE_OTHER
 """The claim's own user may; anyone else needs release-other."""
+OWNER_OR_MANAGE = "owner-or:" + MANAGE
+"""The booking's own user may; anyone else needs manage (and gives a reason)."""
 
 METHOD_ACTIONS = {
     (MANAGER_IFACE, "Claim"): CLAIM,
@@ -43,6 +45,19 @@ METHOD_ACTIONS = {
     (MANAGER_IFACE, "ListClaims"): READ,
     (MANAGER_IFACE, "ListGPUs"): READ,
     (MANAGER_IFACE, "ListPools"): READ,
+    (MANAGER_IFACE, "Book"): RESERVE,
+    (MANAGER_IFACE, "EditBooking"): OWNER_OR_MANAGE,
+    (MANAGER_IFACE, "SetBookingEnd"): OWNER_OR_MANAGE,
+    (MANAGER_IFACE, "CancelBooking"): OWNER_OR_MANAGE,
+    (MANAGER_IFACE, "ListBookings"): READ,
+    (MANAGER_IFACE, "GetBooking"): READ,
+    (MANAGER_IFACE, "FindSlots"): READ,
+    (MANAGER_IFACE, "AddBlackout"): MANAGE,
+    (MANAGER_IFACE, "RemoveBlackout"): MANAGE,
+    (MANAGER_IFACE, "ListBlackouts"): READ,
+    (MANAGER_IFACE, "AddNotice"): MANAGE,
+    (MANAGER_IFACE, "RemoveNotice"): MANAGE,
+    (MANAGER_IFACE, "ListNotices"): READ,
     (CLAIM_IFACE, "Release"): OWNER_OR_RELEASE_OTHER,
 }
 _INTERFACES_WITHOUT_METHODS = (GPU_IFACE,)

@@ -130,19 +130,16 @@ class PoolAmount(click.ParamType):
 
 
 class Duration(click.ParamType):
-    """Seconds: ``90``, ``30s``, ``5m``, ``1h``, ``2h30m``."""
+    """Seconds: ``90``, ``30s``, ``5m``, ``1h``, ``2h30m``, ``1d`` (``resourced.when``)."""
 
     name = "DURATION"
-    UNITS = {"h": 3600, "m": 60, "s": 1}
 
     def convert(self, value, param, ctx):
-        import re
+        from ..when import parse_duration
 
         if isinstance(value, float):
             return value
-        text = str(value).strip()
-        parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", text)
-        if not text or parts is None:
-            self.fail(f"expected a duration like 90, 30s, 5m or 1h, not {value!r}", param, ctx)
-        hours, minutes, seconds = (float(p) if p else 0.0 for p in parts.groups())
-        return hours * 3600 + minutes * 60 + seconds
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)

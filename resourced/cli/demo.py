@@ -34,6 +34,7 @@ class _Demo:
             "DBUS_SYSTEM_BUS_ADDRESS": self.bus.address,  # nothing reaches the real system bus
             "RESOURCED_SIMULATED_GPUS": str(gpus),
             "RESOURCED_RUNTIME_DIR": self.runtime_dir,   # nor the real runtime directory
+            "RESOURCED_STATE_DIR": os.path.join(self.runtime_dir, "state"),  # nor the calendar
         }
         self.daemon = None
 

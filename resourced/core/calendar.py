@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 
 from ..errors import InvalidRequest, NoSuchClaim, NotClaimOwner, NotEnoughCapacity, quoted
 from .claims import Demand, check_text
+from .clock import Deadlines
 from .pools import format_amount
 from .timeline import Hold, Timeline
 
@@ -84,6 +85,7 @@ class Booking:
     share: bool
     created_usec: int
     op_id: str = ""
+    op_fingerprint: str = ""       # of the request the op id first made
     state: str = SCHEDULED
     ended: str = ""                # expired | released | cancelled
     ended_by: int = -1
@@ -107,6 +109,18 @@ class Blackout:
 
 
 @dataclass(frozen=True)
+class Notice:
+    """A message from an administrator, shown by ``status`` until ``until_usec`` (0: until
+    removed)."""
+
+    id: str
+    text: str
+    created_usec: int
+    until_usec: int = 0
+    by: int = 0
+
+
+@dataclass(frozen=True)
 class BookingEvent:
     booking: Booking
     what: str  # created | changed | started | ended
@@ -118,7 +132,44 @@ class Calendar:
         self.limits = limits
         self.bookings: dict[str, Booking] = {}
         self.blackouts: dict[str, Blackout] = {}
+        self.notices: dict[str, Notice] = {}
         self._ops: dict[tuple[int, str], tuple[str, str]] = {}  # (uid, op id) -> (fingerprint, id)
+        self._due = Deadlines()  # booking id -> its start (scheduled) or end (active)
+        self._live_of: dict[int, int] = {}  # uid -> its scheduled and active bookings
+
+    def load(self, bookings: dict[str, Booking], blackouts: dict[str, Blackout],
+             notices: dict[str, Notice]) -> list[Booking]:
+        """Take back what the store held; returns the live bookings that no longer fit the
+        inventory (a GPU or pool gone), ended here as cancelled."""
+        dropped = []
+        self.blackouts.update(blackouts)
+        self.notices.update(notices)
+        for booking in sorted(bookings.values(), key=lambda b: b.created_usec):
+            if booking.state != ENDED and not self._fits_inventory(booking):
+                booking = replace(booking, state=ENDED, ended="cancelled",
+                                  reason="its GPU or pool is no longer managed",
+                                  ended_usec=booking.created_usec)
+                dropped.append(booking)
+            self._put(booking)
+            if booking.op_id:
+                self._ops[(booking.uid, booking.op_id)] = (booking.op_fingerprint, booking.id)
+        return dropped
+
+    def put_back(self, booking_id: str, old: "Booking | None") -> None:
+        """Undo a change that could not be recorded: the booking as it was (None: it did not
+        exist)."""
+        current = self.bookings.get(booking_id)
+        if current is not None:
+            self._drop(current)
+            del self.bookings[booking_id]
+        if old is not None:
+            self._put(old)
+        else:
+            self._ops = {k: v for k, v in self._ops.items() if v[1] != booking_id}
+
+    def next_due(self) -> int | None:
+        """When ``due`` next has something to do."""
+        return self._due.next()
 
     # -- booking -----------------------------------------------------------------------
     def book(self, request: BookingRequest, booking_id: str, uid: int, user: str, now: int,
@@ -130,12 +181,12 @@ class Calendar:
                 if seen[0] != request.fingerprint():
                     raise InvalidRequest(f"operation id {quoted(op_id)} was used for another request")
                 return self.bookings[seen[1]], "exists", []
-        live = sum(1 for b in self.bookings.values() if b.uid == uid and b.state != ENDED)
-        if self.limits.per_user and live >= self.limits.per_user:
+        live = self._live_of.get(uid, 0)
+        if uid != 0 and self.limits.per_user and live >= self.limits.per_user:
             raise InvalidRequest(f"uid {uid} already has {live} bookings, the most one user may")
         start, gpus, share = self._admit(request, now)
         booking = Booking(booking_id, uid, user, request, start, start + request.duration_usec,
-                          gpus, share, now, op_id)
+                          gpus, share, now, op_id, request.fingerprint() if op_id else "")
         self._put(booking)
         if op_id:
             self._ops[(uid, op_id)] = (request.fingerprint(), booking_id)
@@ -194,24 +245,40 @@ class Calendar:
     def due(self, now: int) -> tuple[list[BookingEvent], int | None]:
         """Start what starts by ``now``, end what ends by it; and when to call again."""
         events = []
-        for b in sorted(self.bookings.values(), key=lambda b: (b.start_usec, b.id)):
-            if b.state == SCHEDULED and b.start_usec <= now:
+        for booking_id in self._due.due(now):
+            b = self.bookings[booking_id]
+            if b.state == SCHEDULED:
                 b = self.bookings[b.id] = replace(b, state=ACTIVE)
                 events.append(BookingEvent(b, "started"))
-            if b.state == ACTIVE and b.end_usec <= now:
+            if b.end_usec <= now:
                 events += self._end(b, "expired", -1, "", b.end_usec)[1]
-        upcoming = [b.start_usec if b.state == SCHEDULED else b.end_usec
-                    for b in self.bookings.values() if b.state != ENDED]
-        return events, min(upcoming, default=None)
+            else:
+                self._due.set(b.id, b.end_usec)
+        return events, self._due.next()
 
     def prune(self, now: int) -> list[str]:
         """Forget ended bookings older than the retention; returns their ids."""
         cutoff = now - int(self.limits.retention * 1e6)
         gone = [b.id for b in self.bookings.values() if b.state == ENDED and b.ended_usec < cutoff]
-        for booking_id in gone:
-            del self.bookings[booking_id]
+        gone += [n.id for n in self.notices.values() if 0 < n.until_usec <= now]
+        for item_id in gone:
+            self.bookings.pop(item_id, None)
+            self.notices.pop(item_id, None)
         self._ops = {k: v for k, v in self._ops.items() if v[1] in self.bookings}
         return gone
+
+    # -- notices -----------------------------------------------------------------------
+    def add_notice(self, notice: Notice) -> None:
+        if not notice.text.strip():
+            raise InvalidRequest("a notice needs a text")
+        check_text("notice", notice.text)
+        self.notices[notice.id] = notice
+
+    def remove_notice(self, notice_id: str) -> Notice:
+        try:
+            return self.notices.pop(notice_id)
+        except KeyError:
+            raise NoSuchClaim(f"no notice {quoted(notice_id)}") from None
 
     # -- blackouts ---------------------------------------------------------------------
     def add_blackout(self, blackout: Blackout) -> list[Booking]:
@@ -252,6 +319,12 @@ class Calendar:
         self.timeline.check_invariants()
         live = {b.id for b in self.bookings.values() if b.state != ENDED}
         assert live <= set(self.timeline.holds), "a live booking holds nothing"
+        assert all(b in self._due for b in live), "a live booking is not due for anything"
+        per_user: dict[int, int] = {}
+        for booking_id in live:
+            uid = self.bookings[booking_id].uid
+            per_user[uid] = per_user.get(uid, 0) + 1
+        assert per_user == self._live_of, "live bookings per user"
         for booking_id in live:
             assert self.timeline.holds[booking_id] == self.bookings[booking_id].hold()
 
@@ -340,22 +413,40 @@ class Calendar:
             raise NotClaimOwner(f"booking {booking_id} belongs to {booking.user or booking.uid}")
         return booking
 
+    def _fits_inventory(self, booking: Booking) -> bool:
+        return (all(u in self.timeline.memory for u in booking.gpus)
+                and all(n in self.timeline.capacity for n, _ in booking.request.demand.pools))
+
     def _put(self, booking: Booking) -> None:
+        """Record a booking; a live one holds its interval and is due at its next change."""
         self.bookings[booking.id] = booking
-        self.timeline.add(booking.hold())
+        if booking.state != ENDED:
+            self.timeline.add(booking.hold())
+            self._due.set(booking.id, booking.start_usec if booking.state == SCHEDULED
+                          else booking.end_usec)
+            self._live_of[booking.uid] = self._live_of.get(booking.uid, 0) + 1
+
+    def _drop(self, booking: Booking) -> None:
+        """Undo what ``_put`` did for a live booking."""
+        if booking.state != ENDED:
+            self.timeline.remove(booking.id)
+            self._due.cancel(booking.id)
+            self._live_of[booking.uid] -= 1
+            if not self._live_of[booking.uid]:
+                del self._live_of[booking.uid]
 
     def _replace(self, booking: Booking, what: str) -> tuple[Booking, list[BookingEvent]]:
-        self.timeline.remove(booking.id)
+        self._drop(self.bookings[booking.id])
         self._put(booking)
         return booking, [BookingEvent(booking, what)]
 
     def _end(self, booking: Booking, how: str, by: int, reason: str,
              when: int) -> tuple[Booking, list[BookingEvent]]:
-        self.timeline.remove(booking.id)
+        self._drop(booking)
         end = when if how == "released" else booking.end_usec  # released early: it ended then
         ended = replace(booking, state=ENDED, ended=how, ended_by=by, reason=reason,
                         ended_usec=when, end_usec=end)
-        self.bookings[booking.id] = ended
+        self._put(ended)
         return ended, [BookingEvent(ended, "ended")]
 
 

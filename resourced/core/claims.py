@@ -6,6 +6,11 @@ from ..errors import InvalidRequest, quoted
 
 MODES = ("run", "dev")
 """run: bound to its processes, released when they are gone; dev: kept until released."""
+BOOKING = "booking"
+"""The mode of a booking's claim while the booking is active: no process of its own; it
+ends with the booking."""
+BOOKING_PRIORITY = 2**31 - 1
+"""A booking at its start outranks every waiter (callers' priorities stay below it)."""
 
 QUEUED = "queued"
 GRANTED = "granted"
@@ -59,6 +64,7 @@ class ClaimRequest:
     priority: int = 0
     reclaimable: bool = False
     queue_deadline_usec: int = 0  # when waiting, leave the queue then; 0 = never
+    end_usec: int = 0  # when granted, end then; 0 = no end
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -86,6 +92,8 @@ class Claim:
     the reclaim request change.
 
     ``gpus`` are the GPUs it uses: whole ones, or the one GPU its ``vram`` share is on.
+    ``until_usec`` is when a granted claim must give back what it holds: its own end, or
+    the start of the booking that needs it next (``until_booking``).
     ``members`` are the owner's descendants seen while they lived; they stay the claim's
     even after being re-parented to init, until they exit.  ``reclaim_for`` names the
     waiter a reclaimable claim has been asked to make room for ("" when not asked).
@@ -110,6 +118,10 @@ class Claim:
     members: frozenset[ProcessRef] = field(default_factory=frozenset)
     reclaim_for: str = ""
     queue_deadline_usec: int = 0  # a queued claim leaves the queue then; 0 = never
+    end_usec: int = 0             # the end it asked for; 0 = none
+    on: tuple[str, ...] = ()      # the GPUs it must be placed on; () = any
+    until_usec: int = 0           # once granted: held until then (its end, or a booking's
+    until_booking: str = ""       # start: that booking's id); 0 = no end
 
     @property
     def shared(self) -> bool:

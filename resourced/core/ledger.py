@@ -25,6 +25,15 @@ let it fit, takes as few as suffice, and asks exactly those back (``ReclaimAsked
 What they free is reserved for that waiter by the same walk; if the waiter is served
 otherwise or goes away, the requests are withdrawn.
 
+Time.  Every granted claim is also a hold on the ``timeline`` the calendar books on, from
+its creation to its ``until_usec``: its own end, or the start of the next booking that
+needs what it holds (the claim is granted until then, and asked back at that time:
+``overdue``), or no end at all.  So a booking is never admitted over what a claim holds
+and a claim never keeps what a booking starts on: one rule, nothing held twice at any
+instant.  A free GPU with no booking ahead is placed before one booked later.  A booking
+at its start becomes a claim in mode ``booking`` on exactly its GPUs (``on``), at a
+priority above every caller's; its hold is the booking's own.
+
 Every mutation returns the events it caused; the caller persists, then publishes them.
 """
 
@@ -44,9 +53,19 @@ from ..errors import (
     ResourcedError,
     quoted,
 )
-from .claims import GRANTED, QUEUED, Claim, ClaimRequest, Demand, ProcessRef
+from .claims import (
+    BOOKING,
+    BOOKING_PRIORITY,
+    GRANTED,
+    QUEUED,
+    Claim,
+    ClaimRequest,
+    Demand,
+    ProcessRef,
+)
 from .inventory import Gpu
 from .pools import Pool, format_amount
+from .timeline import Hold, Timeline
 from .view import GPUS, View
 
 
@@ -101,8 +120,19 @@ class ReclaimWithdrawn(_ClaimEvent):
     pass
 
 
+@dataclass(frozen=True)
+class UntilChanged(_ClaimEvent):
+    """A granted claim may now keep what it holds until another time (a booking after it
+    moved, or its own booking's end did)."""
+
+
+@dataclass(frozen=True)
+class ClaimEnding(_ClaimEvent):
+    """A granted claim must give back soon (at ``claim.until_usec``): a warning."""
+
+
 Event = (ClaimQueued | ClaimGranted | ClaimReleased | OwnerDied | MembersChanged
-         | ReclaimAsked | ReclaimWithdrawn)
+         | ReclaimAsked | ReclaimWithdrawn | UntilChanged | ClaimEnding)
 
 
 class Ledger:
@@ -124,6 +154,8 @@ class Ledger:
         self._reclaimable: set[str] = set()            # granted claims that may be asked back
         self._asked: set[str] = set()                  # claims asked back now (reclaim_for)
         self._seq = 0
+        self.timeline = Timeline({u: g.memory_bytes for u, g in self.gpus.items()},
+                                 {p.name: p.capacity for p in self.pools.values()})
 
     # -- queries ---------------------------------------------------------------------
     def holder(self, uuid: str) -> Claim | None:
@@ -207,6 +239,7 @@ class Ledger:
             reclaimable=request.reclaimable, state=QUEUED, seq=self._seq,
             members=request.members - {request.owner},
             queue_deadline_usec=request.queue_deadline_usec if wait else 0,
+            end_usec=request.end_usec,
         )
         self._add(claim)
         if not wait:
@@ -220,6 +253,23 @@ class Ledger:
         self._remove(claim)
         self._no_wait.discard(claim_id)
         return events, refusal
+
+    def start_booking(self, booking_id: str, demand: Demand, on: tuple[str, ...], uid: int,
+                      user: str, label: str, task_name: str, now_usec: int, end_usec: int,
+                      busy: frozenset[str] | None = frozenset()) -> list[Event]:
+        """A booking starts: its claim (same id, mode ``booking``, no process) waits at the
+        head of the queue for exactly its GPUs and is granted at once when they are free,
+        as the calendar made sure; if a claim overstays, it is asked back."""
+        if booking_id in self.claims:
+            raise InvalidRequest(f"claim id {booking_id!r} is taken")
+        self._seq += 1
+        claim = Claim(id=booking_id, mode=BOOKING, demand=demand, owner=ProcessRef(0, 0),
+                      uid=uid, user=user, label=label, task_name=task_name,
+                      created_usec=now_usec, priority=BOOKING_PRIORITY, state=QUEUED,
+                      seq=self._seq, owner_alive=False, end_usec=end_usec, on=on,
+                      until_usec=end_usec)
+        self._add(claim)
+        return [ClaimQueued(claim), *self._schedule(busy)]
 
     def release(self, claim_id: str, reason: str = "released",
                 busy: frozenset[str] | None = frozenset()) -> list[Event]:
@@ -282,6 +332,38 @@ class Ledger:
         """Serve the queue with what is free now (after the evidence changed, say)."""
         return self._schedule(busy)
 
+    def overdue(self, claim_id: str, busy: frozenset[str] | None = frozenset()) -> list[Event]:
+        """A claim is past the time it was granted until (a booking needs what it holds):
+        from now on it may be asked back, like a reclaimable claim, by the booking's claim
+        waiting for it (or any waiter of higher priority)."""
+        claim = self.claims.get(claim_id)
+        if claim is None or claim.state != GRANTED or claim.reclaimable:
+            return []
+        claim.reclaimable = True
+        self._reclaimable.add(claim.id)
+        return self._schedule(busy)
+
+    def refresh_until(self, booking_ids: Iterable[str]) -> list[Event]:
+        """After bookings moved or went away: claims granted until their starts may keep
+        what they hold until the next booking that needs it now (or for good)."""
+        changed = set(booking_ids)
+        events: list[Event] = []
+        for claim in [c for c in self.claims.values() if c.until_booking in changed]:
+            if claim.reclaimable and claim.until_booking:
+                continue  # overdue already: it gives back what it holds
+            self.timeline.remove(claim.id)
+            before = claim.until_usec
+            self._hold_over_time(claim)
+            if claim.until_usec != before:
+                events.append(UntilChanged(claim))
+        return events
+
+    def set_end(self, claim_id: str, end_usec: int) -> list[Event]:
+        """A booking's claim: its booking now ends at another time."""
+        claim = self.get(claim_id)
+        claim.end_usec = claim.until_usec = end_usec
+        return [UntilChanged(claim)]
+
     def restore(self, claims: Iterable[Claim]) -> list[tuple[Claim, str]]:
         """Take back claims from before a restart; returns those refused, with the reason."""
         refused = []
@@ -306,6 +388,7 @@ class Ledger:
     def _view(self, busy: frozenset[str]) -> View:
         free = [g.uuid for g in self.free_gpus()]
         usable = [u for u in free if u not in busy]
+        usable.sort(key=self._booked_from, reverse=True)  # those never booked, then later ones
         vram = {u: self.gpus[u].memory_bytes - self.vram_used(u)
                 for u in self.gpus if u not in self._holder and (u in usable or self._shares.get(u))}
         pools = {name: self.pool_free(name) for name in self.pools}
@@ -327,7 +410,7 @@ class Ledger:
             if view.exhausted_for(claim.demand) and (
                     not candidates or candidates[0].priority >= claim.priority):
                 continue  # nothing it wants is left, and nothing may be asked back for it
-            placed = view.place(claim.demand)
+            placed = view.place(claim.demand, claim.on)
             if placed is not None:
                 view.take(claim.demand, *placed)
                 self._unqueue(claim)
@@ -339,7 +422,7 @@ class Ledger:
             elif claim.id not in self._no_wait:  # a request that does not wait just leaves
                 for asked in self._reclaim_plan(claim, view, plan, candidates):
                     plan[asked.id] = claim
-                view.reserve(claim.demand)
+                view.reserve(claim.demand, claim.on)
         return events + self._ask_back(plan)
 
     def _waiters_to_visit(self, view: View, reclaim: bool) -> Iterator[Claim]:
@@ -390,18 +473,18 @@ class Ledger:
                 break
             if c.id in taken:
                 continue
-            if trial.place(waiter.demand) is not None:
+            if trial.place(waiter.demand, waiter.on) is not None:
                 break
             trial.give_back(c)
             chosen.append(c)
-        if trial.place(waiter.demand) is None:
+        if trial.place(waiter.demand, waiter.on) is None:
             return []  # asking back cannot make it fit: ask nobody
         for c in reversed(list(chosen)):  # keep only those that are needed
             without = view.copy()
             for other in chosen:
                 if other is not c:
                     without.give_back(other)
-            if without.place(waiter.demand) is not None:
+            if without.place(waiter.demand, waiter.on) is not None:
                 chosen.remove(c)
         return chosen
 
@@ -463,11 +546,35 @@ class Ledger:
             self._used[name] += amount
         if claim.reclaimable:
             self._reclaimable.add(claim.id)
+        if claim.mode != BOOKING:  # a booking's claim holds over the booking's own hold
+            self._hold_over_time(claim)
+
+    def _hold_over_time(self, claim: Claim) -> None:
+        """Put a granted claim on the timeline, until its end or the start of the next
+        booking that needs what it holds, whichever comes first."""
+        share = claim.gpus[0] if claim.shared else ""
+        hold = Hold(claim.id, claim.created_usec, None, () if share else claim.gpus, share,
+                    claim.demand.vram, claim.demand.pools)
+        until, booking = claim.end_usec, ""
+        conflict = self.timeline.first_conflict(hold)
+        if conflict is not None and (not until or conflict[0] < until):
+            until, booking = conflict
+        until = max(until, claim.created_usec + 1) if until else 0  # never ends before it began
+        claim.until_usec, claim.until_booking = until, booking
+        self.timeline.add(Hold(hold.id, hold.start, until or None, hold.whole, share,
+                               hold.vram, hold.pools))
+
+    def _booked_from(self, uuid: str) -> int:
+        """When a free GPU is first booked (far in the future when never)."""
+        start = self.timeline.next_start(uuid)
+        return _NEVER if start is None else start
 
     def _free(self, claim: Claim) -> None:
         self._asked.discard(claim.id)
         if claim.state != GRANTED:
             return
+        if claim.mode != BOOKING:
+            self.timeline.remove(claim.id)
         self._reclaimable.discard(claim.id)
         if claim.shared:
             shares = self._shares[claim.gpus[0]]
@@ -585,11 +692,20 @@ class Ledger:
         granted = [c for c in self.claims.values() if c.state == GRANTED]
         assert {c.id for c in granted if c.reclaimable} == self._reclaimable, "reclaimable index"
         assert {c.id for c in self.claims.values() if c.reclaim_for} == self._asked, "asked index"
+        for c in granted:
+            if c.mode != BOOKING:
+                hold = self.timeline.holds.get(c.id)
+                assert hold is not None and hold.gpus() == c.gpus, f"{c.id} is not on the timeline"
+                assert hold.end == (c.until_usec or None), f"{c.id} ends otherwise on the timeline"
+        self.timeline.check_invariants()
 
 
 def _wants(d: Demand) -> list[str]:
     """The lanes of the queue a waiter with this demand is in."""
     return ([GPUS] if d.gpus or d.vram else []) + [name for name, _ in d.pools]
+
+
+_NEVER = 2**63
 
 
 def _rank(claim: Claim) -> tuple[int, int]:

@@ -48,6 +48,23 @@ class Hold:
         return self.whole + ((self.share,) if self.share else ())
 
 
+def first_over(holds: Iterable[Hold], amount_of, start: int, limit: int) -> tuple[int, str] | None:
+    """The first instant at or after ``start`` at which the sum of ``amount_of(hold)`` over
+    the holds exceeds ``limit``, with the hold that starts then; None if it never does."""
+    changes = []
+    for h in holds:
+        if h.end is None or h.end > start:
+            changes.append((max(h.start, start), 1, amount_of(h), h.id))
+            if h.end is not None:
+                changes.append((h.end, 0, -amount_of(h), h.id))  # at equal times, ends first
+    level = 0
+    for when, _, delta, hold_id in sorted(changes):
+        level += delta
+        if level > limit:
+            return when, hold_id
+    return None
+
+
 def peak(holds: Iterable[Hold], amount_of, start: int, end: int | None) -> int:
     """The largest sum of ``amount_of(hold)`` at any instant of ``[start, end)``."""
     changes = []
@@ -73,6 +90,7 @@ class Timeline:
         self.holds: dict[str, Hold] = {}
         self._on_gpu: dict[str, dict[str, Hold]] = {u: {} for u in self.memory}
         self._of_pool: dict[str, dict[str, Hold]] = {p: {} for p in self.capacity}
+        self._next_start: dict[str, int | None] = {}  # GPU -> earliest start on it (cache)
 
     def add(self, hold: Hold) -> None:
         """Record a hold (admitted by the caller through ``view`` or ``earliest``)."""
@@ -81,6 +99,7 @@ class Timeline:
         self.holds[hold.id] = hold
         for uuid in hold.gpus():
             self._on_gpu[uuid][hold.id] = hold
+            self._next_start.pop(uuid, None)
         for name, _ in hold.pools:
             self._of_pool[name][hold.id] = hold
 
@@ -88,6 +107,7 @@ class Timeline:
         hold = self.holds.pop(hold_id)
         for uuid in hold.gpus():
             del self._on_gpu[uuid][hold_id]
+            self._next_start.pop(uuid, None)
         for name, _ in hold.pools:
             del self._of_pool[name][hold_id]
         return hold
@@ -112,6 +132,38 @@ class Timeline:
             held = [h for h in self._of_pool[name].values() if h.id not in ignore]
             pools[name] = capacity - peak(held, lambda h, n=name: dict(h.pools)[n], start, end)
         return View(free, vram, pools, self.memory)
+
+    def next_start(self, uuid: str) -> int | None:
+        """The earliest start of a hold on a GPU (None: nothing holds it, ever)."""
+        if uuid not in self._next_start:
+            self._next_start[uuid] = min((h.start for h in self._on_gpu[uuid].values()),
+                                         default=None)
+        return self._next_start[uuid]
+
+    def first_conflict(self, hold: Hold) -> tuple[int, str] | None:
+        """When ``hold``, were it added with no end, would first hold something twice (or
+        over a capacity), and the hold it would collide with then; None if never.
+
+        What a claim granted now may keep until: the start of the next booking that needs
+        what it holds."""
+        found = []
+        for uuid in hold.whole:
+            found += [(max(h.start, hold.start), h.id) for h in self._on_gpu[uuid].values()
+                      if h.overlaps(hold.start, None)]
+        if hold.share:
+            there = self._on_gpu[hold.share].values()
+            found += [(max(h.start, hold.start), h.id) for h in there
+                      if h.whole and h.overlaps(hold.start, None)]
+            over = first_over([h for h in there if h.share], lambda h: h.vram, hold.start,
+                              self.memory[hold.share] - hold.vram)
+            found += [over] if over else []
+        for name, amount in hold.pools:
+            held = self._of_pool[name].values()
+            if any(h.start > hold.start for h in held):  # else the level only falls
+                over = first_over(held, lambda h, n=name: dict(h.pools)[n], hold.start,
+                                  self.capacity[name] - amount)
+                found += [over] if over else []
+        return min(found, default=None)
 
     def earliest(self, demand: Demand, duration: int | None, not_before: int,
                  ignore: frozenset[str] = frozenset(),

@@ -28,19 +28,22 @@ class View:
         return View(list(self.free), dict(self.vram), dict(self.pools), self.memory,
                      self.busy_free)
 
-    def place(self, d: Demand) -> tuple[tuple[str, ...], str] | None:
-        """(whole GPUs, the GPU for the share or "") if ``d`` fits, else None."""
-        if len(self.free) < d.gpus:
+    def place(self, d: Demand, on: tuple[str, ...] = ()) -> tuple[tuple[str, ...], str] | None:
+        """(whole GPUs, the GPU for the share or "") if ``d`` fits (on the GPUs ``on``
+        only, when given), else None."""
+        free = [u for u in self.free if u in on] if on else self.free
+        if len(free) < d.gpus:
             return None
         if any(self.pools.get(name, 0) < amount for name, amount in d.pools):
             return None
         share = ""
         if d.vram:
-            fitting = [(free, uuid) for uuid, free in self.vram.items() if free >= d.vram]
+            fitting = [(free, uuid) for uuid, free in self.vram.items()
+                       if free >= d.vram and (not on or uuid in on)]
             if not fitting:
                 return None
             share = min(fitting)[1]  # the tightest fit keeps whole GPUs whole
-        return tuple(self.free[: d.gpus]), share
+        return tuple(free[: d.gpus]), share
 
     def has(self, want: str) -> bool:
         """Whether anything of a want (``GPUS`` or a pool's name) is left."""
@@ -64,13 +67,18 @@ class View:
         for name, amount in d.pools:
             self.pools[name] -= amount
 
-    def reserve(self, d: Demand) -> None:
+    def reserve(self, d: Demand, on: tuple[str, ...] = ()) -> None:
         """Keep what a waiter that does not fit could use away from the claims after it.
 
         Whole GPUs: the free ones it needs, and when those are too few, every shared GPU
         too (no new share may land there, so they drain for it).  A share: every GPU big
-        enough for it (whichever frees first must be its).  Pools: up to its amount."""
-        if d.gpus:
+        enough for it (whichever frees first must be its).  Pools: up to its amount.
+        A waiter for named GPUs (``on``: a booking's) reserves those GPUs."""
+        if on:
+            self.free = [u for u in self.free if u not in on]
+            for uuid in on:
+                self.vram.pop(uuid, None)
+        elif d.gpus:
             for uuid in self.free[: d.gpus]:
                 self.vram.pop(uuid, None)
             short = d.gpus > len(self.free)
@@ -78,7 +86,7 @@ class View:
             if short:
                 for uuid in [u for u in self.vram if u not in self.free]:
                     del self.vram[uuid]
-        if d.vram:
+        if d.vram and not on:
             for uuid in [u for u in self.vram if self.memory[u] >= d.vram]:
                 del self.vram[uuid]
             self.free = [u for u in self.free if self.memory[u] < d.vram]

@@ -1,5 +1,6 @@
 """The live API equals the golden dbus/org.resourced.xml: API changes are deliberate."""
 
+import os
 import subprocess
 import xml.etree.ElementTree as ET
 
@@ -44,10 +45,12 @@ def test_live_introspection_matches_golden_file(start_daemon, tmp_path):
 
     with Client() as c:
         ref = c.claim(mode="dev", gpus=1, owner_pid=daemon.proc.pid)["allocation"]["ref"]
+        c.book(gpus=1, duration=3600, start="+1h")
     live = {}
     for path in ("/org/resourced", "/org/resourced/gpu/0", f"/org/resourced/claim/{ref}",
-                 "/org/resourced/check/ram", "/org/resourced/pool/cpu"):
+                 "/org/resourced/check/ram", "/org/resourced/pool/cpu",
+                 f"/org/resourced/user/{os.getuid()}"):
         live.update(_shape(_introspect(daemon.bus.address, path)))
     assert set(live) == {"org.resourced.Manager", "org.resourced.GPU", "org.resourced.Claim",
-                         "org.resourced.Check", "org.resourced.Pool"}
+                         "org.resourced.Check", "org.resourced.Pool", "org.resourced.User"}
     assert live == _shape(GOLDEN.read_text())

@@ -605,6 +605,7 @@ class Rig:
             "DBUS_SYSTEM_BUS_ADDRESS": self.address,
             "RESOURCED_SIMULATED_GPUS": str(NGPUS),
             "RESOURCED_RUNTIME_DIR": str(runtime),
+            "RESOURCED_STATE_DIR": str(self.dir / "state"),
             "RESOURCED_CONFIG": str(self.dir / "config.toml"),
             "PYTHONUNBUFFERED": "1",
         }

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from resourced.calendar_store import LOG_NAME, SCHEMA, CalendarStore
-from resourced.core.calendar import Blackout, BookingRequest, Calendar, Limits
+from resourced.core.calendar import Blackout, BookingRequest, Calendar, Limits, Notice
 from resourced.core.claims import Demand
 from resourced.core.timeline import Timeline
 from resourced.jsonlog import StoreError
@@ -35,7 +35,7 @@ def test_bookings_blackouts_and_their_changes_come_back(tmp_path):
     store.record([], unblackout="gone")
     store.close()
 
-    bookings, blackouts = CalendarStore(tmp_path).load()
+    bookings, blackouts, _ = CalendarStore(tmp_path).load()
     assert bookings == {"a": a, "b": cal.bookings["b"]}
     assert bookings["b"].state == "ended" and bookings["a"].op_id == "op-1"
     assert blackouts == {"m": maintenance}
@@ -48,7 +48,7 @@ def test_a_torn_last_line_is_ignored_and_the_log_compacted(tmp_path):
     store.close()
     with open(tmp_path / LOG_NAME, "a") as f:
         f.write('{"op": "blackout", "blackout": {"id": "half')
-    _, blackouts = CalendarStore(tmp_path).load()
+    _, blackouts, _ = CalendarStore(tmp_path).load()
     assert set(blackouts) == {"m"}
     lines = (tmp_path / LOG_NAME).read_text().splitlines()
     assert json.loads(lines[0]) == {"schema": SCHEMA} and len(lines) == 2
@@ -64,7 +64,7 @@ def test_a_newer_schema_is_refused_not_guessed(tmp_path):
 def test_a_damaged_record_sets_the_file_aside(tmp_path):
     (tmp_path / LOG_NAME).write_text(json.dumps({"schema": SCHEMA}) + "\n"
                                      + json.dumps({"op": "nonsense"}) + "\n")
-    assert CalendarStore(tmp_path).load() == ({}, {})
+    assert CalendarStore(tmp_path).load() == ({}, {}, {})
     assert [p.name.split("-")[0] for p in tmp_path.glob(f"{LOG_NAME}.corrupt-*")] == [
         f"{LOG_NAME}.corrupt"]
 
@@ -74,3 +74,14 @@ def test_one_daemon_per_state_directory(tmp_path):
     with pytest.raises(StoreError, match="another resourced is using state directory"):
         CalendarStore(tmp_path)
     first.close()
+
+
+def test_notices_come_back_until_removed(tmp_path):
+    store = CalendarStore(tmp_path)
+    store.load()
+    store.record([], notice=Notice("n1", "driver update at 18:00", NOW, NOW + H, 0))
+    store.record([], notice=Notice("n2", "gone soon", NOW, 0, 0))
+    store.record([], unnotice="n2")
+    store.close()
+    _, _, notices = CalendarStore(tmp_path).load()
+    assert notices == {"n1": Notice("n1", "driver update at 18:00", NOW, NOW + H, 0)}
