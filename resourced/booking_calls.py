@@ -50,7 +50,7 @@ def instant(name: str, value, now: int | None = None) -> int:
         if value.tzinfo is None:
             raise InvalidRequest(f"{name} must be an aware datetime (with a zone)")
         return usec(value)
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 2**63 / 1e6:
         return int(value * 1_000_000)
     raise InvalidRequest(f"{name} must be a time (text, datetime or epoch seconds), not {value!r}")
 

@@ -160,7 +160,7 @@ class _Base:
 
     def _claim_message(self, mode, gpus, owner_pid=None, label="", task_name="",
                        member_pids=(), vram=None, ram=None, cpu=None, pools=None,
-                       priority=0, wait=False, timeout=None, reclaimable=False):
+                       priority=0, wait=False, timeout=None, reclaimable=False, duration=None):
         gpus, options = demand_options(gpus, vram, ram, cpu, pools)
         options["Mode"] = ("s", _text("mode", mode))
         if owner_pid is not None:
@@ -182,6 +182,10 @@ class _Base:
             options["QueueTimeoutUSec"] = ("t", int(timeout * 1e6))
         if reclaimable:
             options["Reclaimable"] = ("b", True)
+        if duration is not None:
+            from .booking_calls import span
+
+            options["DurationUSec"] = ("t", span("duration", duration))
         return self._call("Claim", "ua{sv}", (gpus, options))
 
     def _release_message(self, ref: str, force: bool):
@@ -223,6 +227,8 @@ class _Base:
             "gpu_memory_bytes": list(grant["GPUMemoryBytes"][1]),
             "vram_bytes": grant["VRAMBytes"][1],
             "pools": dict(grant["Pools"][1]),
+            "until_usec": grant["UntilUSec"][1] if "UntilUSec" in grant else 0,
+            "until_booking": grant["UntilBooking"][1] if "UntilBooking" in grant else "",
         }
         return {"allocation": allocation, "env": claim_env(allocation, use_index),
                 "warnings": list(grant["Warnings"][1])}
@@ -312,7 +318,7 @@ class Client(_Base):
               member_pids: tuple[int, ...] = (), vram=None, ram=None, cpu=None,
               pools: dict | None = None, priority: int = 0, wait: bool = False,
               timeout: float | None = None, reclaimable: bool = False,
-              progress: Callable[[dict], None] | None = None) -> dict:
+              progress: Callable[[dict], None] | None = None, duration=None) -> dict:
         """Claim GPUs, a VRAM share and/or pool amounts, all or nothing; returns
         ``{"allocation": {"ref": ...}, "env": {...}, "warnings": [...]}``.
 
@@ -323,9 +329,12 @@ class Client(_Base):
         waits, ``progress`` (if given) is called once queued and again whenever a claim
         comes or goes, with ``{"position", "waiting", "claim", "holders", "units"}``: its
         place in the queue (1 is next), how many wait, its record and the records of the
-        claims holding what it wants (as in ``status()``), and each pool's unit."""
+        claims holding what it wants (as in ``status()``), and each pool's unit.
+        ``duration`` (seconds or ``"2h"``) ends the claim that long after it was asked
+        for.  The allocation's ``until_usec`` says until when it may hold what it got
+        (0: no end): its end, or the start of a booking (``until_booking``)."""
         msg = self._claim_message(mode, gpus, owner_pid, label, task_name, member_pids, vram,
-                                  ram, cpu, pools, priority, wait, timeout, reclaimable)
+                                  ram, cpu, pools, priority, wait, timeout, reclaimable, duration)
         if not wait:
             ref, _path, grant = self._send(msg)
             return self._allocation(ref, grant, use_index)
@@ -626,12 +635,13 @@ class AsyncClient(_Base):
                     owner_pid: int | None = None, label: str = "", use_index: bool = False,
                     member_pids: tuple[int, ...] = (), vram=None, ram=None, cpu=None,
                     pools: dict | None = None, priority: int = 0, wait: bool = False,
-                    timeout: float | None = None, reclaimable: bool = False) -> dict:
+                    timeout: float | None = None, reclaimable: bool = False,
+                    duration=None) -> dict:
         """As ``Client.claim``; a cancelled wait leaves the queue."""
         import asyncio
 
         msg = self._claim_message(mode, gpus, owner_pid, label, task_name, member_pids, vram,
-                                  ram, cpu, pools, priority, wait, timeout, reclaimable)
+                                  ram, cpu, pools, priority, wait, timeout, reclaimable, duration)
         if not wait:
             ref, _path, grant = await self._send(msg)
             return self._allocation(ref, grant, use_index)

@@ -168,7 +168,8 @@ class Engine:
             self.probe = GpuProbe(self.backend, self.settings.probe_timeout)
         gpus, self.missing = managed_gpus(self.present, self.configured)
         self.ledger = Ledger(gpus, self.pools)
-        self.calendar = Calendar(self.ledger.timeline, _limits(self.settings))
+        self.calendar = Calendar(self.ledger.timeline, _limits(self.settings),
+                                 {g.uuid: g.label for g in gpus})
         if not gpus:
             log.warning("no GPUs to manage: %s", self.backend_note or "the backend lists none")
         for entry in self.missing:
@@ -468,10 +469,11 @@ class Engine:
     def add_blackout(self, caller: Caller, start_usec: int, end_usec: int, reason: str) -> tuple[Blackout, list[Booking]]:
         """Block a window for new bookings; returns it and the bookings already in it."""
         self.run_due()
-        if end_usec <= self.clock():
-            raise InvalidRequest("the blackout is over already: its end is in the past")
         blackout = Blackout(self._new_id("x"), start_usec, end_usec, reason)
-        inside = self.calendar.add_blackout(blackout)
+        inside = self.calendar.add_blackout(blackout)  # checks it first
+        if end_usec <= self.clock():
+            self.calendar.remove_blackout(blackout.id)
+            raise InvalidRequest("the blackout is over already: its end is in the past")
         self._record_or_undo(lambda: self.calendar.remove_blackout(blackout.id), blackout=blackout)
         audit(f"blackout {blackout.id} {_utc(start_usec)}-{_utc(end_usec)} by uid {caller.uid}: "
               f"{reason}", priority=5, event="blackout", reason=reason)
@@ -559,6 +561,7 @@ class Engine:
         self._commit(self.ledger.start_booking(
             booking.id, demand, booking.gpus, booking.uid, booking.user, request.label,
             request.task_name, self.clock(), booking.end_usec, busy=None))
+        self._serve_queue()  # its GPUs are granted on fresh evidence, like any waiter's
 
     def _record_calendar(self, events: list[BookingEvent], **changes) -> None:
         if self.calendar_store is None:

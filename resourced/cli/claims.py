@@ -39,6 +39,9 @@ def demand_options(fn):
         click.option("--wait", is_flag=True, help="Queue until it fits instead of exit 3."),
         click.option("--timeout", type=Duration(),
                      help="With --wait: give up after this long (90, 30s, 5m, 1h); exit 11."),
+        click.option("--for", "duration", type=Duration(),
+                     help="End the claim this long after asking (30m, 2h): `run` stops the "
+                     "command then (SIGTERM, SIGKILL 10 s later)."),
         click.option("--quiet", "-q", is_flag=True,
                      help="With --wait: say nothing while queued (on a terminal, the place in "
                      "the queue and who holds what it waits for are shown)."),
@@ -117,21 +120,24 @@ index_option = click.option(
 @task_option
 @bus_option
 @click.argument("command", nargs=-1, required=True, metavar="-- COMMAND [ARGS]...")
-def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, quiet, allocation, reclaimable,
-        reclaim_signal, use_index, label, task_name, bus, command):
+def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet, allocation,
+        reclaimable, reclaim_signal, use_index, label, task_name, bus, command):
     """Run COMMAND on GPUs and/or pool amounts and return its exit code.
 
     It takes what is asked (--gpus N, default 1; --vram on a shared GPU; --ram, --cpu,
     --pool), all or nothing: exit 3 if it does not fit now, or with --wait it queues by
     --priority. Everything is released when the command's processes are gone, however
-    they end. With --allocation it runs on a development claim, which stays.
+    they end. With --allocation it runs on a development claim, which stays, or on an
+    active booking. A claim with an end (--for), or a booking, stops the command at that
+    end (SIGTERM, then SIGKILL 10 s later). A claim granted only until a booking's start
+    (a warning says so) forwards the request to give it back as --reclaim-signal.
 
     Example: gpuctl run --vram 20G --ram 32G --cpu 8 --wait -- python infer.py
     """
     from .launch import PendingChild
 
     asked = demand(gpus, vram, ram, cpu, pools)
-    if allocation and (gpus is not None or vram or ram or cpu or pools):
+    if allocation and (gpus is not None or vram or ram or cpu or pools or duration):
         raise click.UsageError("use either --allocation or amounts to claim, not both")
     signum = _signal_number(reclaim_signal)
     with client(bus) as c:
@@ -145,13 +151,16 @@ def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, quiet, allocation,
                                       task_name=task_name, use_index=use_index,
                                       member_pids=[os.getpid()], priority=priority, wait=wait,
                                       timeout=timeout, reclaimable=reclaimable,
-                                      progress=line.show, **asked)
+                                      progress=line.show, duration=duration, **asked)
         except BaseException:
             child.cancel()
             raise
         _warn(granted.get("warnings", []))
-        if reclaimable and not allocation:
-            _forward_reclaim_requests(c.bus, granted["allocation"]["ref"], child.pid, signum)
+        held = granted["allocation"]
+        if (reclaimable or held["until_booking"]) and not allocation:
+            _forward_reclaim_requests(c.bus, held["ref"], child.pid, signum)
+        if held["until_usec"] and not held["until_booking"]:
+            _stop_at_end(c.bus, held["ref"], child.pid)
         code = child.start({**os.environ, **granted["env"]})
         if not allocation:
             _release_after_run(c, granted["allocation"]["ref"])
@@ -194,6 +203,37 @@ def _forward_reclaim_requests(bus: str, ref: str, pid: int, signum: int) -> None
                     return
 
     threading.Thread(target=forward, name="reclaim-forwarder", daemon=True).start()
+
+
+STOP_GRACE = 10.0
+"""Seconds between SIGTERM and SIGKILL when a claim or booking ends under a command."""
+
+
+def _stop_at_end(bus: str, ref: str, pid: int) -> None:
+    """At the end of the claim (or booking) the command runs on, SIGTERM it, and SIGKILL
+    it STOP_GRACE seconds later.  The end is looked up again as it nears (an extended
+    booking moves it); a thread with its own connection, on the daemon's clock."""
+    import signal
+    import threading
+
+    from ..booking_calls import now_usec
+    from ..client import Client
+    from ..errors import ResourcedError
+
+    def watch():
+        with contextlib.suppress(OSError, ResourcedError), Client(bus=bus) as c:
+            while True:
+                until = c.allocation(ref)["allocation"]["until_usec"]
+                left = (until - now_usec()) / 1e6 if until else 60.0
+                if until and left <= 0:
+                    break
+                time.sleep(min(max(left, 0.05), 1.0))
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+            time.sleep(STOP_GRACE)
+            os.kill(pid, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="end-watcher", daemon=True).start()
 
 
 def _warn(warnings: list[str]) -> None:
@@ -241,8 +281,8 @@ def _release_after_run(c, ref: str) -> None:
 @index_option
 @bus_option
 @json_option
-def claim(gpus, vram, ram, cpu, pools, priority, wait, timeout, quiet, owner_pid, reclaimable,
-          label, task_name, use_index, bus, as_json):
+def claim(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet, owner_pid,
+          reclaimable, label, task_name, use_index, bus, as_json):
     """Claim GPUs and/or pool amounts until released, and print the reference.
 
     Example: gpuctl claim --gpus 1 --ram 64G --owner-pid $PPID --task-name "tune kernels"
@@ -250,7 +290,7 @@ def claim(gpus, vram, ram, cpu, pools, priority, wait, timeout, quiet, owner_pid
     with client(bus) as c, WaitingLine(wait and not quiet) as line:
         result = c.claim(mode="dev", owner_pid=owner_pid, label=label, task_name=task_name,
                          use_index=use_index, priority=priority, wait=wait, timeout=timeout,
-                         reclaimable=reclaimable, progress=line.show,
+                         reclaimable=reclaimable, progress=line.show, duration=duration,
                          **demand(gpus, vram, ram, cpu, pools))
     _warn(result["warnings"])
     if as_json:

@@ -20,6 +20,12 @@ def _age(created_usec: int, now: float) -> str:
     return f"{seconds}s"
 
 
+def _owner(c: dict) -> str:
+    if c["mode"] == "booking":
+        return "booking"
+    return f"{c['owner_pid']} ({'alive' if c['owner_alive'] else 'DEAD'})"
+
+
 def render_status(data: dict, now: float) -> str:
     """The status table, from the same data ``--json`` prints."""
     claims = {c["id"]: c for c in data["claims"]}
@@ -29,21 +35,30 @@ def render_status(data: dict, now: float) -> str:
         if c is None:
             rows.append((g["alias"], g["name"], g["state"], "-", "", "", "", "", "", ""))
             continue
-        owner = f"{c['owner_pid']} ({'alive' if c['owner_alive'] else 'DEAD'})"
+        owner = _owner(c)
         rows.append((g["alias"], g["name"], g["state"], c["id"], c["mode"], c["user"],
                      _age(c["created_usec"], now), owner, c["task_name"], c["label"]))
     for g in data["gpus"]:
         for ref in g["shared_by"]:
             c = claims[ref]
-            owner = f"{c['owner_pid']} ({'alive' if c['owner_alive'] else 'DEAD'})"
+            owner = _owner(c)
             rows.append((g["alias"], f"VRAM {_bytes(c['vram_bytes'])}", "shared", c["id"], c["mode"],
                          c["user"], _age(c["created_usec"], now), owner, c["task_name"],
                          c["label"]))
-    lines = _table(rows)
+    lines = table(rows)
     total = len(data["gpus"])
     lines.append(f"{data['free']} of {total} GPU(s) free ({data['backend']} backend)")
     if data.get("backend_note"):
         lines.append(f"note: {data['backend_note']}")
+    ending = [c for c in data["claims"] if c.get("until_usec") and c["state"] == "granted"]
+    for c in sorted(ending, key=lambda c: c["until_usec"]):
+        why = f"booking {c['until_booking']} starts" if c["until_booking"] else "it ends"
+        lines.append(f"{c['id']} holds until {_when(c['until_usec'], now)} ({why})")
+    if data.get("bookings_scheduled"):
+        lines.append(f"{data['bookings_scheduled']} booking(s) ahead (gpuctl bookings --all, "
+                     "gpuctl timeline)")
+    for n in data.get("notices", []):
+        lines.append(f"NOTICE: {n['text']}")
     units = {p["name"]: p["unit"] for p in data["pools"]}
     pool_rows = [("POOL", "CAPACITY", "USED", "FREE", "HELD BY")]
     for p in data["pools"]:
@@ -55,7 +70,7 @@ def render_status(data: dict, now: float) -> str:
         pool_rows.append((p["name"], _show(p["capacity"], p["unit"]),
                           _show(p["capacity"] - p["free"], p["unit"]), _show(p["free"], p["unit"]),
                           shown))
-    lines += ["", *_table(pool_rows)]
+    lines += ["", *table(pool_rows)]
     if data["queue"]:
         lines += ["", *render_queue(data, now, units, most=MAX_WAITERS)]
         if len(data["queue"]) > MAX_WAITERS:
@@ -64,7 +79,15 @@ def render_status(data: dict, now: float) -> str:
     return "\n".join(lines)
 
 
-def _table(rows) -> list[str]:
+def _when(usec: int, now: float) -> str:
+    from ..booking_calls import local_now
+    from ..when import format_when, moment
+
+    here = local_now(int(now * 1e6))
+    return format_when(moment(usec, here.tzinfo), here)
+
+
+def table(rows) -> list[str]:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
 
@@ -97,7 +120,7 @@ def render_queue(data: dict, now: float, units: dict[str, str],
         c = claims[ref]
         rows.append((rank, ref, c["priority"], c["user"], _age(c["created_usec"], now),
                      wanted(c, units), c["task_name"], c["label"]))
-    return _table(rows)
+    return table(rows)
 
 
 @click.command()
@@ -108,12 +131,14 @@ def status(bus, as_json):
 
     Example: gpuctl status --json
     """
+    from ..booking_calls import now_usec
+
     with client(bus) as c:
         data = c.status()
     if as_json:
         emit_json(data)
     else:
-        echo_table(render_status(data, time.time()))
+        echo_table(render_status(data, now_usec() / 1e6))
 
 
 @click.command()

@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 
 from ..errors import InvalidRequest, NoSuchClaim, NotClaimOwner, NotEnoughCapacity, quoted
 from .claims import Demand, check_text
-from .clock import Deadlines
+from .clock import LAST_INSTANT, Deadlines
 from .pools import format_amount
 from .timeline import Hold, Timeline
 
@@ -61,6 +61,7 @@ class BookingRequest:
     def __post_init__(self):
         if self.duration_usec <= 0:
             raise InvalidRequest("a booking must last more than 0 seconds")
+        check_instant("the end", (self.start_usec or 0) + self.duration_usec)
         if set(self.named) & set(self.excluded):
             raise InvalidRequest("a GPU cannot be both wanted and excluded")
         if self.named and self.demand.gpus != len(self.named):
@@ -127,9 +128,11 @@ class BookingEvent:
 
 
 class Calendar:
-    def __init__(self, timeline: Timeline, limits: Limits = Limits()):
+    def __init__(self, timeline: Timeline, limits: Limits = Limits(),
+                 labels: dict[str, str] | None = None):
         self.timeline = timeline
         self.limits = limits
+        self.labels = labels or {}  # GPU UUID -> the name messages use (gpu0, an alias)
         self.bookings: dict[str, Booking] = {}
         self.blackouts: dict[str, Blackout] = {}
         self.notices: dict[str, Notice] = {}
@@ -213,6 +216,7 @@ class Calendar:
         if old.state == ENDED:
             raise InvalidRequest(f"booking {booking_id} has ended")
         floor = max(now, old.start_usec)
+        check_instant("the new end", end_usec)
         if end_usec <= floor:
             raise InvalidRequest("the new end must be after now and after the start")
         if end_usec - old.start_usec > self.limits.longest * 1e6 > 0:
@@ -271,6 +275,7 @@ class Calendar:
     def add_notice(self, notice: Notice) -> None:
         if not notice.text.strip():
             raise InvalidRequest("a notice needs a text")
+        check_instant("the notice's end", notice.until_usec)
         check_text("notice", notice.text)
         self.notices[notice.id] = notice
 
@@ -286,6 +291,7 @@ class Calendar:
         so their owners can be told)."""
         if blackout.end_usec <= blackout.start_usec:
             raise InvalidRequest("a blackout must end after it starts")
+        check_instant("the blackout's end", blackout.end_usec)
         check_text("reason", blackout.reason)
         self.blackouts[blackout.id] = blackout
         return [b for b in self.bookings.values() if b.state != ENDED
@@ -360,13 +366,14 @@ class Calendar:
         before = self.timeline.latest_before(demand, request.duration_usec, start, now, *args)
         nearest = min((f for f in (after, before) if f is not None),
                       key=lambda f: abs(f[0] - start), default=None)
-        why = ("it falls in a blackout" if self.timeline.fit(demand, start, request.duration_usec,
-                                                              ignore, self._allowed(request)) is not None
+        why = ("falls in a blackout" if self.timeline.fit(demand, start, request.duration_usec,
+                                                           ignore, self._allowed(request)) is not None
                else "does not fit then")
         if nearest is None:
             return f"{_describe(demand)} {why}, and never fits"
+        where = ", ".join(self.labels.get(u, u) for u in _gpus(*nearest[1:])) or "the pools"
         return (f"{_describe(demand)} {why}; the nearest start that fits: {_when(nearest[0])} "
-                f"on {', '.join(_gpus(*nearest[1:])) or 'the pools'}")
+                f"on {where}")
 
     def _check_horizon(self, start: int, now: int) -> None:
         if self.limits.horizon and start - now > self.limits.horizon * 1e6:
@@ -448,6 +455,11 @@ class Calendar:
                         ended_usec=when, end_usec=end)
         self._put(ended)
         return ended, [BookingEvent(ended, "ended")]
+
+
+def check_instant(name: str, usec: int) -> None:
+    if not 0 <= usec <= LAST_INSTANT:
+        raise InvalidRequest(f"{name} is out of range: times run up to the year 9999")
 
 
 def _gpus(whole: tuple[str, ...], share: str) -> tuple[str, ...]:

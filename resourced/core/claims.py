@@ -122,6 +122,7 @@ class Claim:
     on: tuple[str, ...] = ()      # the GPUs it must be placed on; () = any
     until_usec: int = 0           # once granted: held until then (its end, or a booking's
     until_booking: str = ""       # start: that booking's id); 0 = no end
+    overdue: bool = False         # past until_usec: a booking may ask it back
 
     @property
     def shared(self) -> bool:

@@ -16,6 +16,9 @@ from collections.abc import Callable, Hashable
 Clock = Callable[[], int]
 """Returns now, in microseconds since the Unix epoch."""
 
+LAST_INSTANT = 253_402_300_799_999_999
+"""9999-12-31T23:59:59.999999Z: no time the daemon accepts lies past it (datetime's end)."""
+
 
 def wall_clock() -> int:
     return time.time_ns() // 1000

@@ -337,9 +337,9 @@ class Ledger:
         from now on it may be asked back, like a reclaimable claim, by the booking's claim
         waiting for it (or any waiter of higher priority)."""
         claim = self.claims.get(claim_id)
-        if claim is None or claim.state != GRANTED or claim.reclaimable:
+        if claim is None or claim.state != GRANTED or claim.overdue:
             return []
-        claim.reclaimable = True
+        claim.overdue = True
         self._reclaimable.add(claim.id)
         return self._schedule(busy)
 
@@ -349,8 +349,8 @@ class Ledger:
         changed = set(booking_ids)
         events: list[Event] = []
         for claim in [c for c in self.claims.values() if c.until_booking in changed]:
-            if claim.reclaimable and claim.until_booking:
-                continue  # overdue already: it gives back what it holds
+            if claim.overdue:
+                continue  # it gives back what it holds
             self.timeline.remove(claim.id)
             before = claim.until_usec
             self._hold_over_time(claim)
@@ -389,11 +389,13 @@ class Ledger:
         free = [g.uuid for g in self.free_gpus()]
         usable = [u for u in free if u not in busy]
         usable.sort(key=self._booked_from, reverse=True)  # those never booked, then later ones
+        booked_from = {u: self._booked_from(u) for u in self.gpus} if self.timeline.holds else {}
         vram = {u: self.gpus[u].memory_bytes - self.vram_used(u)
                 for u in self.gpus if u not in self._holder and (u in usable or self._shares.get(u))}
         pools = {name: self.pool_free(name) for name in self.pools}
         memory = {u: g.memory_bytes for u, g in self.gpus.items()}
-        return View(usable, vram, pools, memory, busy_free=len(free) - len(usable))
+        return View(usable, vram, pools, memory, busy_free=len(free) - len(usable),
+                    booked_from=booked_from)
 
     def _schedule(self, busy: frozenset[str] | None) -> list[Event]:
         if busy is None:
@@ -544,7 +546,7 @@ class Ledger:
         claim.gpus = whole or ((share,) if share else ())
         for name, amount in claim.demand.pools:
             self._used[name] += amount
-        if claim.reclaimable:
+        if claim.reclaimable or claim.overdue:
             self._reclaimable.add(claim.id)
         if claim.mode != BOOKING:  # a booking's claim holds over the booking's own hold
             self._hold_over_time(claim)
@@ -562,7 +564,7 @@ class Ledger:
         until = max(until, claim.created_usec + 1) if until else 0  # never ends before it began
         claim.until_usec, claim.until_booking = until, booking
         self.timeline.add(Hold(hold.id, hold.start, until or None, hold.whole, share,
-                               hold.vram, hold.pools))
+                               hold.vram, hold.pools, claim=True))
 
     def _booked_from(self, uuid: str) -> int:
         """When a free GPU is first booked (far in the future when never)."""
@@ -690,7 +692,8 @@ class Ledger:
         assert Counter(c.uid for c in waiting) == self._waiting_of, "waiting claims per user"
         assert sum(bool(c.demand.gpus or c.demand.vram) for c in waiting) == self._gpu_waiting
         granted = [c for c in self.claims.values() if c.state == GRANTED]
-        assert {c.id for c in granted if c.reclaimable} == self._reclaimable, "reclaimable index"
+        assert {c.id for c in granted if c.reclaimable or c.overdue} == self._reclaimable, \
+            "reclaimable index"
         assert {c.id for c in self.claims.values() if c.reclaim_for} == self._asked, "asked index"
         for c in granted:
             if c.mode != BOOKING:

@@ -36,6 +36,7 @@ class Hold:
     share: str = ""                         # the GPU a VRAM share is on
     vram: int = 0
     pools: tuple[tuple[str, int], ...] = ()
+    claim: bool = False                     # a claim's (from its grant on), not a booking's
 
     def __post_init__(self):
         if self.end is not None and self.end <= self.start:
@@ -134,10 +135,10 @@ class Timeline:
         return View(free, vram, pools, self.memory)
 
     def next_start(self, uuid: str) -> int | None:
-        """The earliest start of a hold on a GPU (None: nothing holds it, ever)."""
+        """The earliest start of a booking on a GPU (None: none is booked on it)."""
         if uuid not in self._next_start:
-            self._next_start[uuid] = min((h.start for h in self._on_gpu[uuid].values()),
-                                         default=None)
+            self._next_start[uuid] = min((h.start for h in self._on_gpu[uuid].values()
+                                          if not h.claim), default=None)
         return self._next_start[uuid]
 
     def first_conflict(self, hold: Hold) -> tuple[int, str] | None:

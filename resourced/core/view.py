@@ -5,7 +5,7 @@ throughout it); placement, taking and reserving are the same on both, so the que
 rules and a booking's admission are one rule.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .claims import Claim, Demand
 
@@ -23,10 +23,11 @@ class View:
     pools: dict[str, int]        # pool -> free amount
     memory: dict[str, int]       # GPU -> its memory
     busy_free: int = 0           # free GPUs left out because they are busy
+    booked_from: dict[str, int] = field(default_factory=dict)  # GPU -> its next booking
 
     def copy(self) -> "View":
         return View(list(self.free), dict(self.vram), dict(self.pools), self.memory,
-                     self.busy_free)
+                    self.busy_free, self.booked_from)
 
     def place(self, d: Demand, on: tuple[str, ...] = ()) -> tuple[tuple[str, ...], str] | None:
         """(whole GPUs, the GPU for the share or "") if ``d`` fits (on the GPUs ``on``
@@ -38,11 +39,11 @@ class View:
             return None
         share = ""
         if d.vram:
-            fitting = [(free, uuid) for uuid, free in self.vram.items()
+            fitting = [(-self.booked_from.get(uuid, 0), free, uuid) for uuid, free in self.vram.items()
                        if free >= d.vram and (not on or uuid in on)]
             if not fitting:
                 return None
-            share = min(fitting)[1]  # the tightest fit keeps whole GPUs whole
+            share = min(fitting)[2]  # booked latest, then the tightest fit (whole GPUs stay whole)
         return tuple(free[: d.gpus]), share
 
     def has(self, want: str) -> bool:

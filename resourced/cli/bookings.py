@@ -1,0 +1,516 @@
+"""gpuctl book, bookings, edit, extend, cancel, slots, blackout, notice, timeline: the
+calendar.
+
+Times are read as people type them (``+30m``, ``20:00``, ``tomorrow 09:00``, ISO 8601)
+and shown in local time; the daemon stores UTC.  With the simulated backend, *now* is
+``$RESOURCED_SIMULATED_CLOCK``'s.
+"""
+
+import click
+
+from ._options import (
+    Amount,
+    Duration,
+    PoolAmount,
+    bus_option,
+    client,
+    echo_table,
+    emit_json,
+    json_option,
+)
+from .status import table
+
+
+class When(click.ParamType):
+    """A moment: ``now``, ``+30m``, ``20:00``, ``tomorrow 09:00``, ``mon 09:00``, ISO 8601."""
+
+    name = "WHEN"
+
+    def convert(self, value, param, ctx):
+        from ..booking_calls import local_now
+        from ..when import parse_when, usec
+
+        if isinstance(value, int):
+            return value
+        try:
+            return usec(parse_when(value, local_now()))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class GpuList(click.ParamType):
+    """GPUs by alias, index or UUID, comma-separated: ``1,3`` or ``gpu1,big``."""
+
+    name = "GPU[,GPU]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        names = tuple(n.strip() for n in value.split(",") if n.strip())
+        if not names:
+            self.fail("name at least one GPU", param, ctx)
+        return names
+
+
+def booking_options(fn):
+    """What a booking asks for: shared by book, edit and slots."""
+    options = [
+        click.option("--gpus", type=click.IntRange(1, 2**32 - 1),
+                     help="Whole GPUs (default 1 when nothing else is asked for)."),
+        click.option("--gpu", "named", type=GpuList(),
+                     help="These GPUs, whole (alias, index or UUID; comma-separated)."),
+        click.option("--exclude", type=GpuList(), help="Never these GPUs."),
+        click.option("--vram", type=Amount(), help="A share of one GPU's memory, e.g. 24G."),
+        click.option("--ram", type=Amount(), help="Host RAM from the ram pool, e.g. 32G."),
+        click.option("--cpu", type=Amount(), help="CPU cores from the cpu pool."),
+        click.option("--pool", "pools", type=PoolAmount(), multiple=True,
+                     help="An amount of a named pool, NAME=AMOUNT (repeatable)."),
+        click.option("--exclusive", is_flag=True, default=None,
+                     help="With --vram: the GPU whole, nobody else on it."),
+        click.option("--label", default=None, help="A short label shown in listings."),
+        click.option("--task-name", default=None, help="What the booking is for."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _request(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_name,
+             default_gpu: bool) -> dict:
+    """Client keyword arguments for what was given (None: not given)."""
+    names = [name for name, _ in pools]
+    if len(set(names)) != len(names):
+        raise click.UsageError("give each --pool once, with the whole amount")
+    if gpus is not None and named:
+        raise click.UsageError("use --gpus N or --gpu LIST, not both")
+    if named and vram is not None:
+        raise click.UsageError("--gpu books GPUs whole; use --vram without it")
+    nothing = gpus is None and not named and vram is None and ram is None and cpu is None \
+        and not pools
+    if nothing and default_gpu:
+        gpus = 1
+    request = dict(gpus=gpus, gpu_names=list(named) if named else None,
+                   exclude=list(exclude) if exclude else None, vram=vram, ram=ram, cpu=cpu,
+                   pools=dict(pools) if pools else None, exclusive=exclusive, label=label,
+                   task_name=task_name)
+    return {k: v for k, v in request.items() if v is not None}
+
+
+@click.command()
+@booking_options
+@click.option("--for", "duration", type=Duration(), required=True,
+              help="How long: 30m, 2h, 1d2h...")
+@click.option("--at", "start", type=When(),
+              help="Exactly when (else the earliest start that fits): +30m, 20:00, "
+              "tomorrow 09:00, an ISO time (local unless it has a zone).")
+@click.option("--op-id", default=None, metavar="ID",
+              help="Retry-safe: the same request with the same id answers the first result.")
+@bus_option
+@json_option
+def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_name, duration,
+         start, op_id, bus, as_json):
+    """Book GPUs and/or pool amounts for a time window, all or nothing over all of it.
+
+    With --at it is placed exactly then or refused (exit 3, naming the nearest start that
+    fits); without, it takes the earliest start that fits from now. Prints the reference;
+    with --json an object with status (created, queued: it starts later than now, or
+    exists: an --op-id replayed) and the booking.
+
+    Example: gpuctl book --gpus 1 --for 2h --at 20:00 --ram 32G
+    """
+    from ..booking_calls import now_usec
+
+    request = _request(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label,
+                       task_name, default_gpu=True)
+    if op_id is not None:
+        request["op_id"] = op_id
+    now = now_usec()
+    with client(bus) as c:
+        result = c.book(duration, start=None if start is None else start / 1e6, **request)
+    booking = result["booking"]
+    if result["status"] == "created" and start is None and booking["start_usec"] > now:
+        result["status"] = "queued"
+    if as_json:
+        emit_json(_with_times(result))
+        return
+    click.echo(booking["id"])
+    where = ", ".join(f"gpu{i}" for i in booking["gpu_indices"]) or "pools"
+    span = f"{_when(booking['start_usec'])} to {_when(booking['end_usec'])}"
+    said = {"created": "booked", "queued": "queued to start at the earliest fit:",
+            "exists": "already booked (same --op-id):"}[result["status"]]
+    click.echo(f"gpuctl: {said} {where}, {span}", err=True)
+
+
+@click.command()
+@click.option("--all", "all_users", is_flag=True, help="Everyone's, not only mine.")
+@click.option("--since", type=When(),
+              help="Also those that ended since then (default: the last 24 hours).")
+@bus_option
+@json_option
+def bookings(all_users, since, bus, as_json):
+    """List bookings: active and future ones, and those ended lately with how they ended.
+
+    Example: gpuctl bookings --all --since yesterday
+    """
+    with client(bus) as c:
+        found = c.bookings(all_users=all_users, since=since)
+    if as_json:
+        emit_json([_with_times(b) for b in found])
+        return
+    if not found:
+        click.echo("no bookings" + ("" if all_users else " of yours (--all shows everyone's)"))
+        return
+    rows = [("REF", "USER", "STATE", "FROM", "TO", "GPUS", "WANTS", "NOTE")]
+    for b in found:
+        rows.append((b["id"], b["user"], b["state"], _when(b["start_usec"]), _when(b["end_usec"]),
+                     ",".join(f"gpu{i}" for i in b["gpu_indices"]) or "-", _wants(b), _note(b)))
+    echo_table("\n".join(table(rows)))
+
+
+@click.command()
+@click.argument("ref")
+@booking_options
+@click.option("--at", "start", type=When(), help="A new start (exactly then).")
+@click.option("--earliest", is_flag=True, help="Move it to the earliest start that fits.")
+@click.option("--for", "duration", type=Duration(), help="A new duration.")
+@click.option("--until", type=When(), help="A new end.")
+@bus_option
+@json_option
+def edit(ref, gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_name, start,
+         earliest, duration, until, bus, as_json):
+    """Change a booking that has not started; what is not given stays as it is.
+
+    It is admitted again against the calendar without itself (exit 3 if it no longer
+    fits). After the start only the end may change: see gpuctl extend.
+
+    Example: gpuctl edit b3x9k2q --at 21:00 --for 3h
+    """
+    if duration is not None and until is not None:
+        raise click.UsageError("use --for or --until, not both")
+    if start is not None and earliest:
+        raise click.UsageError("use --at or --earliest, not both")
+    changes = _request(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label,
+                       task_name, default_gpu=False)
+    with client(bus) as c:
+        if until is not None:
+            begins = start if start is not None else c.booking(ref)["start_usec"]
+            if until <= begins:
+                raise click.UsageError("--until must be after the start")
+            duration = (until - begins) / 1e6
+        if duration is not None:
+            changes["duration"] = duration
+        if start is not None:
+            changes["start"] = start / 1e6
+        if earliest:
+            changes["earliest"] = True
+        if not changes:
+            raise click.UsageError("nothing to change: give --at, --for, --gpus, ...")
+        booking = c.edit(ref, **changes)
+    _show_one(booking, as_json)
+
+
+@click.command()
+@click.argument("ref")
+@click.option("--by", type=Duration(), help="Add this much to its end.")
+@click.option("--until", type=When(), help="End then instead (earlier shrinks it, not before now).")
+@bus_option
+@json_option
+def extend(ref, by, until, bus, as_json):
+    """Move a booking's end: later (admitted on the added part only) or earlier (what is
+    given back is free at once).
+
+    Example: gpuctl extend b3x9k2q --by 1h
+    """
+    if (by is None) == (until is None):
+        raise click.UsageError("give exactly one of --by or --until")
+    with client(bus) as c:
+        booking = c.extend(ref, by=by, until=None if until is None else until / 1e6)
+    _show_one(booking, as_json)
+
+
+@click.command()
+@click.argument("ref")
+@click.option("--reason", default="", help="Why (needed for someone else's booking).")
+@bus_option
+@json_option
+def cancel(ref, reason, bus, as_json):
+    """Cancel a booking (an active one gives its GPUs back at once).
+
+    Someone else's booking needs the administrators' polkit action and a --reason, which
+    its owner then sees.
+
+    Example: gpuctl cancel b3x9k2q
+    """
+    with client(bus) as c:
+        booking = c.cancel(ref, reason)
+    _show_one(booking, as_json)
+
+
+@click.command()
+@booking_options
+@click.option("--for", "duration", type=Duration(), required=True, help="How long.")
+@click.option("--after", "start", type=When(), help="Not before then (default: now).")
+@click.option("--count", type=click.IntRange(1, 20), default=3, show_default=True,
+              help="How many places to show.")
+@bus_option
+@json_option
+def slots(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_name, duration,
+          start, count, bus, as_json):
+    """Show the earliest places where a booking would fit, with a command to book each
+    (nothing is booked).
+
+    Example: gpuctl slots --gpus 2 --for 4h
+    """
+    import shlex
+    import sys
+
+    request = _request(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label,
+                       task_name, default_gpu=True)
+    with client(bus) as c:
+        found = c.slots(duration, count=count,
+                        start=None if start is None else start / 1e6, **request)
+    if as_json:
+        emit_json([_with_times(s) for s in found])
+        return
+    if not found:
+        click.echo("it fits nowhere within the booking horizon")
+        return
+    asked = _without(sys.argv[sys.argv.index("slots") + 1:], ("--after", "--count"))
+    for s in found:
+        command = ["gpuctl", "book", *asked, "--at", _iso(s["start_usec"])]
+        click.echo(f"{_when(s['start_usec'])} to {_when(s['end_usec'])} on "
+                   f"{', '.join(f'gpu{i}' for i in s['gpu_indices']) or 'the pools'}:  "
+                   f"{shlex.join(command)}")
+
+
+@click.group()
+def blackout():
+    """Block windows for maintenance: nothing new is booked in them.
+
+    Example: gpuctl blackout list
+    """
+
+
+@blackout.command("add")
+@click.option("--from", "start", type=When(), required=True, help="When it begins.")
+@click.option("--until", type=When(), required=True, help="When it ends.")
+@click.option("--reason", required=True, help="Shown to everyone it affects.")
+@bus_option
+@json_option
+def blackout_add(start, until, reason, bus, as_json):
+    """Add a blackout (administrators): bookings already in it stay, and their owners are
+    told.
+
+    Example: gpuctl blackout add --from "tomorrow 18:00" --until "tomorrow 20:00" --reason "driver update"
+    """
+    if until <= start:
+        raise click.UsageError("--until must be after --from")
+    with client(bus) as c:
+        result = c.add_blackout(start / 1e6, until / 1e6, reason)
+    if as_json:
+        emit_json(result)
+        return
+    click.echo(result["id"])
+    if result["bookings_inside"]:
+        click.echo(f"gpuctl: bookings already in it (kept, owners told): "
+                   f"{', '.join(result['bookings_inside'])}", err=True)
+
+
+@blackout.command("list")
+@bus_option
+@json_option
+def blackout_list(bus, as_json):
+    """List the blackouts.
+
+    Example: gpuctl blackout list --json
+    """
+    with client(bus) as c:
+        found = c.blackouts()
+    if as_json:
+        emit_json([_with_times(b) for b in found])
+    elif not found:
+        click.echo("no blackouts")
+    else:
+        rows = [("ID", "FROM", "TO", "REASON")]
+        rows += [(b["id"], _when(b["start_usec"]), _when(b["end_usec"]), b["reason"]) for b in found]
+        click.echo("\n".join(table(rows)))
+
+
+@blackout.command("remove")
+@click.argument("blackout_id", metavar="ID")
+@bus_option
+def blackout_remove(blackout_id, bus):
+    """Remove a blackout (administrators).
+
+    Example: gpuctl blackout remove x4k2m9a
+    """
+    with client(bus) as c:
+        c.remove_blackout(blackout_id)
+
+
+@click.group()
+def notice():
+    """Messages for everyone, shown by gpuctl status and as desktop notifications.
+
+    Example: gpuctl notice list
+    """
+
+
+@notice.command("add")
+@click.argument("text")
+@click.option("--until", type=When(), help="Show it until then (default: until removed).")
+@bus_option
+@json_option
+def notice_add(text, until, bus, as_json):
+    """Add a notice (administrators).
+
+    Example: gpuctl notice add "GPU 3 is being replaced on Friday" --until "fri 18:00"
+    """
+    with client(bus) as c:
+        notice_id = c.add_notice(text, None if until is None else until / 1e6)
+    if as_json:
+        emit_json({"id": notice_id})
+    else:
+        click.echo(notice_id)
+
+
+@notice.command("list")
+@bus_option
+@json_option
+def notice_list(bus, as_json):
+    """List the notices in force.
+
+    Example: gpuctl notice list --json
+    """
+    with client(bus) as c:
+        found = c.notices()
+    if as_json:
+        emit_json(found)
+    elif not found:
+        click.echo("no notices")
+    else:
+        rows = [("ID", "UNTIL", "TEXT")]
+        rows += [(n["id"], _when(n["until_usec"]) if n["until_usec"] else "removed", n["text"])
+                 for n in found]
+        click.echo("\n".join(table(rows)))
+
+
+@notice.command("remove")
+@click.argument("notice_id", metavar="ID")
+@bus_option
+def notice_remove(notice_id, bus):
+    """Remove a notice (administrators).
+
+    Example: gpuctl notice remove n7c2p0q
+    """
+    with client(bus) as c:
+        c.remove_notice(notice_id)
+
+
+@click.command()
+@click.option("--hours", type=click.FloatRange(0.5, 24 * 30), default=12, show_default=True,
+              help="How far ahead to draw.")
+@click.option("--width", type=click.IntRange(40, 1000), default=None,
+              help="Columns (default: the terminal's, at most 100 when not a terminal).")
+@bus_option
+@json_option
+def timeline(hours, width, bus, as_json):
+    """Draw GPUs (rows) against time (columns): who holds what, now marked.
+
+    Example: gpuctl timeline --hours 24
+    """
+    import shutil
+
+    from ..booking_calls import local_now, now_usec
+    from .timeline_view import render_timeline
+
+    now = now_usec()
+    end = now + int(hours * 3600e6)
+    with client(bus) as c:
+        state = c.status()
+        found = c.bookings(all_users=True, since=now / 1e6, until=end / 1e6)
+    entries = [{"ref": cl["id"], "user": cl["user"], "gpus": cl["gpu_uuids"],
+                "start_usec": cl["created_usec"], "end_usec": cl["until_usec"],
+                "kind": "claim", "shared": bool(cl["vram_bytes"])}
+               for cl in state["claims"] if cl["state"] == "granted" and cl["mode"] != "booking"]
+    entries += [{"ref": b["id"], "user": b["user"], "gpus": b["gpu_uuids"],
+                 "start_usec": b["start_usec"], "end_usec": b["end_usec"], "kind": "booking",
+                 "shared": b["shared"]} for b in found if b["state"] != "ended"]
+    if as_json:
+        emit_json({"now_usec": now, "until_usec": end, "gpus": state["gpus"], "entries": entries})
+        return
+    gpus = [{"index": g["index"], "uuid": g["uuid"], "label": g["alias"]} for g in state["gpus"]]
+    columns = width or min(shutil.get_terminal_size((100, 24)).columns, 200)
+    click.echo(render_timeline(gpus, entries, now, hours, local_now(now).tzinfo, columns))
+
+
+# -- shown -------------------------------------------------------------------------------
+def _show_one(booking: dict, as_json: bool) -> None:
+    if as_json:
+        emit_json(_with_times(booking))
+        return
+    where = ", ".join(f"gpu{i}" for i in booking["gpu_indices"]) or "pools"
+    state = booking["state"] if booking["state"] != "ended" else booking["ended"]
+    click.echo(f"{booking['id']}: {state}, {where}, {_when(booking['start_usec'])} to "
+               f"{_when(booking['end_usec'])}")
+
+
+def _with_times(item: dict) -> dict:
+    """JSON: the record, plus its times as ISO 8601 (UTC) for people and scripts."""
+    out = dict(item)
+    for key in ("start", "end"):
+        if f"{key}_usec" in item:
+            out[key] = _iso(item[f"{key}_usec"])
+    return out
+
+
+def _iso(usec: int) -> str:
+    from datetime import UTC
+
+    from ..when import moment
+
+    return moment(usec, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _when(usec: int) -> str:
+    from ..booking_calls import local_now
+    from ..when import format_when, moment
+
+    now = local_now()
+    return format_when(moment(usec, now.tzinfo), now)
+
+
+def _wants(b: dict) -> str:
+    from ..amounts import format_bytes
+
+    parts = [f"{b['gpus']} GPU(s)"] if b["gpus"] else []
+    if b["vram_bytes"]:
+        parts.append(f"VRAM {format_bytes(b['vram_bytes'])}" + (" excl." if b["exclusive"] else ""))
+    parts += [f"{name} {amount}" for name, amount in b["pools"].items()]
+    return ", ".join(parts)
+
+
+def _note(b: dict) -> str:
+    if b["state"] == "ended":
+        how = b["ended"]
+        if b["reason"]:
+            how += f" by uid {b['ended_by']}: {b['reason']}"
+        return how
+    if b["state"] == "active" and b["claim_state"] == "queued":
+        return "WAITING: a claim granted before it has not given back (gpuctl status)"
+    return b["label"] or b["task_name"]
+
+
+def _without(args: list[str], options: tuple[str, ...]) -> list[str]:
+    """``args`` less the given options and their values."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in options:
+            skip = "=" not in a
+            continue
+        out.append(a)
+    return out
