@@ -328,7 +328,10 @@ class Engine:
             self._rearm()
 
     def _arm_until(self, claim: Claim) -> None:
-        """A granted claim's end (its own, or a booking's start), and the warning before."""
+        """A granted claim's end (its own, or a booking's start), and the warning before
+        (both replacing any set before: the end may have moved, or gone)."""
+        self.deadlines.cancel(("until", claim.id))
+        self.deadlines.cancel(("warn", claim.id))
         if claim.state != GRANTED or not claim.until_usec:
             return
         if claim.mode != "booking":  # a booking's claim ends with the booking

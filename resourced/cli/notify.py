@@ -6,6 +6,12 @@ s new, s reason)`` and keeps one bubble per check on the user's session bus
 urgency, STOP critical (and it stays until the level drops); a later change replaces the
 bubble in place; back to OK closes it.
 
+It also tells the user about their calendar: ``BookingChanged`` on their own
+``/org/resourced/user/<uid>`` (a booking started, ends soon, was ended by someone else
+with a reason, or lies in a new blackout), ``Ending`` of their claims (given back soon:
+a booking needs the GPUs, or the claim's own end), and the administrators'
+``NoticeAdded``: one bubble each (``calendar_message``).
+
 ``Bubbles`` is the pure part: given what is on screen, which ``Notify`` or
 ``CloseNotification`` to make.  ``Agent`` does the I/O, one message at a time, in order.
 It outlives both of its peers: when resourced goes and comes back (``NameOwnerChanged``)
@@ -117,6 +123,26 @@ def plain_words(label: str, level: str, reason: str) -> tuple[str, str]:
     return title, f"{figure} {what}; {edge} {limit} {limit_what}. {advice}".rstrip()
 
 
+def calendar_message(what: str, booking: dict, when: str, me: int) -> tuple[str, str, int] | None:
+    """(title, text, urgency) for a ``BookingChanged`` of ``booking`` (plain values: Id,
+    State, Ended, EndedBy, Reason, GPUIndices); ``when`` is its start or end in words;
+    None when it is not worth a bubble (created and changed: the user did it)."""
+    ref = booking["Id"]
+    gpus = ", ".join(f"gpu{i}" for i in booking.get("GPUIndices", [])) or "its pools"
+    if what == "started":
+        return f"Booking {ref} has started", f"{gpus} are yours until {when}.", 1
+    if what == "ending":
+        return f"Booking {ref} ends at {when}", f"Save your work: {gpus} go back then.", 1
+    if what == "blackout":
+        return (f"Booking {ref} falls in a maintenance window",
+                "An administrator blocked that time; the booking stays. See gpuctl blackout "
+                "list.", 1)
+    if what == "ended" and booking.get("EndedBy", -1) not in (-1, me):
+        reason = booking.get("Reason") or "no reason given"
+        return f"Booking {ref} was cancelled by an administrator", reason, 2
+    return None
+
+
 class Bubbles:
     """Which bubble each check has on screen, and what to do when its level changes."""
 
@@ -218,6 +244,8 @@ class Agent:
         closed = MatchRule(type=MessageType.signal, interface=NOTIFICATIONS,
                            member="NotificationClosed", path=NOTIFICATIONS_PATH)
         await self._listen(self.daemon, level_changed, sender=BUS_NAME)
+        for rule in _calendar_rules():
+            await self._listen(self.daemon, rule, sender=BUS_NAME)
         await self._listen(self.daemon, _owner_changed(BUS_NAME), sender="org.freedesktop.DBus")
         await self._listen(self.notifications, closed, sender=NOTIFICATIONS)
         await self._listen(self.notifications, _owner_changed(NOTIFICATIONS),
@@ -308,6 +336,60 @@ class Agent:
                     await self.apply(self.bubbles.resync(self.current))
         elif member == "NotificationClosed" and body:
             self.bubbles.closed(body[0])
+        elif member in ("BookingChanged", "Ending", "NoticeAdded"):
+            await self.calendar_signal(member, body, fields.get(HeaderFields.path, ""))
+
+    async def calendar_signal(self, member: str, body: tuple, path: str) -> None:
+        """A bubble for a calendar signal that concerns this user."""
+        import os
+
+        from ..booking_calls import local_now
+        from ..when import format_when, moment
+
+        now = local_now()
+        try:
+            if member == "NoticeAdded":
+                _, text = body
+                title, text, urgency = "Notice from the administrators", text, 1
+            elif member == "BookingChanged":
+                _, what, record = body
+                plain = {k: v for k, (_, v) in record.items()}
+                at = plain["StartUSec"] if what == "started" else plain["EndUSec"]
+                message = calendar_message(what, plain, format_when(moment(at, now.tzinfo), now),
+                                           os.getuid())
+                if message is None:
+                    return
+                title, text, urgency = message
+            else:
+                until, booking = body
+                if not await self._claim_is_mine(path):
+                    return
+                ref = path.rsplit("/", 1)[-1]
+                when = format_when(moment(until, now.tzinfo), now)
+                title = f"Claim {ref} must give its GPUs back at {when}"
+                text = (f"Booking {booking} starts then." if booking else "Its time is up then.")
+                urgency = 1
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring a malformed %s signal", member)
+            return
+        from jeepney import new_method_call
+
+        hints = {"urgency": ("y", urgency), "category": ("s", "device")}
+        msg = new_method_call(_notifications(), "Notify", "susssasa{sv}i", (
+            APP_NAME, 0, "appointment-soon", title, text, [], hints, -1))
+        await self._notify_call(msg, f"show {title!r}")
+
+    async def _claim_is_mine(self, path: str) -> bool:
+        import os
+
+        from jeepney import DBusAddress, new_method_call
+
+        from ..bus.names import BUS_NAME, CLAIM_IFACE
+
+        props = DBusAddress(path, bus_name=BUS_NAME, interface="org.freedesktop.DBus.Properties")
+        reply = await self._call(self.daemon, new_method_call(props, "Get", "ss",
+                                                              (CLAIM_IFACE, "UID")))
+        return not _error_name(reply) and reply.body[0][1] == os.getuid()
 
     # -- talking to the daemon ---------------------------------------------------------
     async def describe_health(self) -> list[dict] | None:
@@ -403,6 +485,24 @@ class Agent:
 
         reply = await self._call(router, message_bus.GetNameOwner(name))
         return None if _error_name(reply) else reply.body[0]
+
+
+def _calendar_rules():
+    """This user's booking signals, every claim's Ending (checked to be ours), notices."""
+    import os
+
+    from jeepney import MessageType
+    from jeepney.bus_messages import MatchRule
+
+    from ..bus.names import CLAIM_IFACE, MANAGER_IFACE, MANAGER_PATH, USER_IFACE, user_path
+
+    return [
+        MatchRule(type=MessageType.signal, interface=USER_IFACE, member="BookingChanged",
+                  path=user_path(os.getuid())),
+        MatchRule(type=MessageType.signal, interface=CLAIM_IFACE, member="Ending"),
+        MatchRule(type=MessageType.signal, interface=MANAGER_IFACE, member="NoticeAdded",
+                  path=MANAGER_PATH),
+    ]
 
 
 def _owner_changed(name: str):

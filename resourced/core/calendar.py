@@ -203,7 +203,8 @@ class Calendar:
         if old.state != SCHEDULED:
             raise InvalidRequest(f"booking {booking_id} has started: only its end can change "
                                  "(extend, or shrink down to now)")
-        start, gpus, share = self._admit(request, now, ignore=frozenset({booking_id}))
+        start, gpus, share = self._admit(request, now, ignore=frozenset({booking_id}),
+                                         kept=(old.start_usec, old.end_usec))
         return self._replace(replace(old, request=request, start_usec=start,
                                      end_usec=start + request.duration_usec, gpus=gpus,
                                      share=share), "changed")
@@ -335,12 +336,14 @@ class Calendar:
             assert self.timeline.holds[booking_id] == self.bookings[booking_id].hold()
 
     # -- internals ---------------------------------------------------------------------
-    def _admit(self, request: BookingRequest, now: int,
-               ignore: frozenset[str] = frozenset()) -> tuple[int, tuple[str, ...], bool]:
+    def _admit(self, request: BookingRequest, now: int, ignore: frozenset[str] = frozenset(),
+               kept: tuple[int, int] | None = None) -> tuple[int, tuple[str, ...], bool]:
+        """Where and when ``request`` goes; an edit keeps the time it had (``kept``) even
+        inside a blackout added since."""
         duration = request.duration_usec
         if self.limits.longest and duration > self.limits.longest * 1e6:
             raise InvalidRequest(f"a booking may last at most {_span(self.limits.longest)}")
-        demand, allowed, blocked = self._demand(request), self._allowed(request), self._blocked()
+        demand, allowed, blocked = self._demand(request), self._allowed(request), self._blocked(kept)
         self._check_satisfiable(request, demand, allowed)
         start = request.start_usec
         if start is not None:
@@ -349,7 +352,7 @@ class Calendar:
             self._check_horizon(start, now)
             placed = self.timeline.fit(demand, start, duration, ignore, allowed, blocked)
             if placed is None:
-                raise NotEnoughCapacity(self._refusal(request, demand, start, now, ignore))
+                raise NotEnoughCapacity(self._refusal(request, demand, start, now, ignore, blocked))
         else:
             fit = self.timeline.earliest(demand, duration, now, ignore, allowed, blocked)
             if fit is None:
@@ -359,9 +362,9 @@ class Calendar:
         whole, share = placed
         return start, _gpus(whole, share), bool(share)
 
-    def _refusal(self, request, demand, start, now, ignore) -> str:
+    def _refusal(self, request, demand, start, now, ignore, blocked) -> str:
         """Why an exact start does not fit, and the nearest start that would (and where)."""
-        args = (ignore, self._allowed(request), self._blocked())
+        args = (ignore, self._allowed(request), blocked)
         after = self.timeline.earliest(demand, request.duration_usec, start, *args)
         before = self.timeline.latest_before(demand, request.duration_usec, start, now, *args)
         nearest = min((f for f in (after, before) if f is not None),
@@ -387,6 +390,10 @@ class Calendar:
             raise InvalidRequest(f"no GPU {quoted(min(unknown))}")
         if demand.gpus > len(gpus):
             raise InvalidRequest(f"{demand.gpus} GPU(s) wanted, {len(gpus)} may be used")
+        biggest = max(self.timeline.memory.values(), default=0)
+        if request.demand.vram > biggest:
+            raise InvalidRequest(f"{format_amount(request.demand.vram, 'bytes')} of VRAM wanted, "
+                                 f"the largest GPU has {format_amount(biggest, 'bytes')}")
         for name, amount in demand.pools:
             if name not in self.timeline.capacity:
                 raise InvalidRequest(f"no pool {quoted(name)}")
@@ -405,8 +412,14 @@ class Calendar:
             gpus = {u for u in gpus if self.timeline.memory[u] >= request.demand.vram}
         return None if gpus == set(self.timeline.memory) else frozenset(gpus)
 
-    def _blocked(self) -> tuple[tuple[int, int], ...]:
-        return tuple((b.start_usec, b.end_usec) for b in self.blackouts.values())
+    def _blocked(self, kept: tuple[int, int] | None = None) -> tuple[tuple[int, int], ...]:
+        """The blackout windows, less the time ``kept`` (what an edited booking had)."""
+        windows = [(b.start_usec, b.end_usec) for b in self.blackouts.values()]
+        if kept is not None:
+            windows = [piece for start, end in windows
+                       for piece in ((start, min(end, kept[0])), (max(start, kept[1]), end))
+                       if piece[0] < piece[1]]
+        return tuple(windows)
 
     def _ends(self) -> list[int]:
         return [h.end for h in self.timeline.holds.values() if h.end is not None] + [

@@ -349,13 +349,16 @@ class Ledger:
         changed = set(booking_ids)
         events: list[Event] = []
         for claim in [c for c in self.claims.values() if c.until_booking in changed]:
-            if claim.overdue:
-                continue  # it gives back what it holds
             self.timeline.remove(claim.id)
-            before = claim.until_usec
+            before = (claim.until_usec, claim.until_booking)
             self._hold_over_time(claim)
-            if claim.until_usec != before:
-                events.append(UntilChanged(claim))
+            if (claim.until_usec, claim.until_booking) == before:
+                continue  # that booking still starts then on what it holds
+            if claim.overdue:  # the booking it had to make room for moved or went away
+                claim.overdue = False
+                if not claim.reclaimable:
+                    self._reclaimable.discard(claim.id)
+            events.append(UntilChanged(claim))
         return events
 
     def set_end(self, claim_id: str, end_usec: int) -> list[Event]:

@@ -468,3 +468,59 @@ def test_with_a_real_dunst(buses, services, agents, tmp_path):
             if proc is not None:
                 proc.terminate()
                 proc.wait(5)
+
+
+class FakeUser(ServiceInterface):
+    """org.resourced.User: the per-user BookingChanged signal."""
+
+    def __init__(self):
+        super().__init__("org.resourced.User")
+
+    @dbus_signal()
+    def BookingChanged(self, booking_id: "s", what: "s", booking: "a{sv}") -> "ssa{sv}":
+        return [booking_id, what, booking]
+
+
+class NoticeManager(FakeManager):
+    @dbus_signal()
+    def NoticeAdded(self, notice_id: "s", text: "s") -> "ss":
+        return [notice_id, text]
+
+
+def _record(ref: str, ended_by: int = -1, reason: str = "") -> dict:
+    from dbus_fast import Variant
+
+    return {"Id": Variant("s", ref), "State": Variant("s", "ended"),
+            "StartUSec": Variant("t", 1_796_115_600_000_000),
+            "EndUSec": Variant("t", 1_796_119_200_000_000), "GPUIndices": Variant("au", [1]),
+            "EndedBy": Variant("i", ended_by), "Reason": Variant("s", reason)}
+
+
+def test_calendar_signals_of_mine_become_bubbles_and_others_do_not(buses, services, agents):
+    session, _ = buses
+    server = services.notifications(session.address)
+    manager = NoticeManager(health())
+    bus = services.run(services._serve(session.address, "org.resourced", "/org/resourced",
+                                       manager))
+    mine, theirs = FakeUser(), FakeUser()
+    bus.export(f"/org/resourced/user/{os.getuid()}", mine)
+    bus.export(f"/org/resourced/user/{os.getuid() + 1}", theirs)
+    agent = agents(session.env())
+    agent.wait_log("(running)")
+
+    async def emit():
+        theirs.BookingChanged("bother", "started", _record("bother"))
+        mine.BookingChanged("bmine01", "created", _record("bmine01"))  # I did it: no bubble
+        mine.BookingChanged("bmine01", "started", _record("bmine01"))
+        mine.BookingChanged("bmine01", "ended", _record("bmine01", os.getuid() + 1,
+                                                        "disk replacement"))
+        manager.NoticeAdded("n1", "GPU 3 is replaced on Friday")
+    services.run(emit())
+    eventually(lambda: len(notifies(server)) >= 3)
+    time.sleep(0.2)  # nothing more may come
+    shown = [(n["summary"], n["body"], n["urgency"]) for n in notifies(server)]
+    assert shown[0][0] == "Booking bmine01 has started" and "gpu1" in shown[0][1]
+    assert shown[1] == ("Booking bmine01 was cancelled by an administrator",
+                        "disk replacement", 2)
+    assert shown[2] == ("Notice from the administrators", "GPU 3 is replaced on Friday", 1)
+    assert len(shown) == 3

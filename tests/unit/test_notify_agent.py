@@ -155,3 +155,18 @@ def test_systemd_accepts_the_agents_user_unit(tmp_path):
                           capture_output=True, text=True, timeout=60)
     about_us = [line for line in (done.stdout + done.stderr).splitlines() if unit.name in line]
     assert done.returncode == 0 and about_us == [], done.stdout + done.stderr
+
+
+def test_calendar_messages_say_what_happened_to_a_booking_in_words():
+    from resourced.cli.notify import calendar_message
+
+    record = {"Id": "b1", "GPUIndices": [0, 2], "EndedBy": -1, "Reason": ""}
+    assert calendar_message("started", record, "today 22:00", 1000) == (
+        "Booking b1 has started", "gpu0, gpu2 are yours until today 22:00.", 1)
+    assert calendar_message("ending", record, "today 22:00", 1000)[0] == "Booking b1 ends at today 22:00"
+    assert calendar_message("blackout", record, "", 1000)[0].endswith("maintenance window")
+    assert calendar_message("created", record, "", 1000) is None
+    assert calendar_message("ended", record, "", 1000) is None  # it expired: no news
+    assert calendar_message("ended", {**record, "EndedBy": 1000}, "", 1000) is None  # mine
+    cancelled = calendar_message("ended", {**record, "EndedBy": 0, "Reason": "driver"}, "", 1000)
+    assert cancelled == ("Booking b1 was cancelled by an administrator", "driver", 2)
