@@ -597,15 +597,16 @@ class Rig:
         return proc.pid
 
     def _start_daemon(self) -> None:
-        runtime = self.dir / "run"
-        runtime.mkdir(mode=0o700)
-        os.chown(runtime, self.service.pw_uid, self.service.pw_gid)
+        runtime, state = self.dir / "run", self.dir / "state"
+        for directory in (runtime, state):  # as systemd's RuntimeDirectory=, StateDirectory=
+            directory.mkdir(mode=0o700)
+            os.chown(directory, self.service.pw_uid, self.service.pw_gid)
         env = {
             "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/",
             "DBUS_SYSTEM_BUS_ADDRESS": self.address,
             "RESOURCED_SIMULATED_GPUS": str(NGPUS),
             "RESOURCED_RUNTIME_DIR": str(runtime),
-            "RESOURCED_STATE_DIR": str(self.dir / "state"),
+            "RESOURCED_STATE_DIR": str(state),
             "RESOURCED_CONFIG": str(self.dir / "config.toml"),
             "PYTHONUNBUFFERED": "1",
         }
