@@ -158,13 +158,22 @@ def notice_message(text: str, until=None):
                                     0 if until is None else instant("until", until)))
 
 
-def end_after(booking: dict, by=None, until=None) -> int:
-    """The new end for ``extend``: ``by`` a duration past the current end, or ``until``."""
+def change_options(op_id: str = "") -> tuple[str, dict]:
+    """The a{sv} of CancelBooking."""
+    from .client import _text
+
+    return "a{sv}", ({"OpID": ("s", _text("op id", op_id))} if op_id else {})
+
+
+def end_message(ref: str, by=None, until=None, op_id: str = ""):
+    """SetBookingEnd: ``by`` a duration past the end it has, or ``until`` a time."""
     if (by is None) == (until is None):
         raise InvalidRequest("give exactly one of by (a duration) or until (a time)")
-    if until is not None:
-        return instant("until", until)
-    return booking["end_usec"] + span("by", by)
+    _, options = change_options(op_id)
+    if by is not None:
+        options["ByUSec"] = ("t", span("by", by))
+    return ref_message("SetBookingEnd", ref, ("t", 0 if until is None else instant("until", until)),
+                       ("a{sv}", options))
 
 
 _SPECIAL = {"UID": "uid", "OpID": "op_id", "GPUUUIDs": "gpu_uuids", "GPUIndices": "gpu_indices",

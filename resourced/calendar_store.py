@@ -38,7 +38,8 @@ def booking_from_record(data: dict) -> Booking:
     demand = Demand(d["gpus"], d["vram"], tuple((n, a) for n, a in d["pools"]))
     request = BookingRequest(demand=demand, **{
         **request, "named": tuple(request["named"]), "excluded": tuple(request["excluded"])})
-    return Booking(**{**data, "request": request, "gpus": tuple(data["gpus"])})
+    return Booking(**{**data, "request": request, "gpus": tuple(data["gpus"]),
+                      "ops": tuple(tuple(op) for op in data.get("ops", ()))})
 
 
 class CalendarStore:

@@ -494,19 +494,19 @@ class Client(_Base):
         msg = b.ref_message("EditBooking", ref, ("a{sv}", b.request_options(**changes)))
         return b.record(self._send(msg)[0])
 
-    def extend(self, ref: str, by=None, until=None) -> dict:
-        """Move a booking's end: ``by`` a duration (negative: not allowed; use ``until``)
-        or ``until`` a time (earlier shrinks it, not before now)."""
+    def extend(self, ref: str, by=None, until=None, op_id: str = "") -> dict:
+        """Move a booking's end: ``by`` a duration past its end, or ``until`` a time
+        (earlier shrinks it, not before now)."""
         from . import booking_calls as b
 
-        end = b.end_after(self.booking(ref), by, until)
-        return b.record(self._send(b.ref_message("SetBookingEnd", ref, ("t", end)))[0])
+        return b.record(self._send(b.end_message(ref, by, until, op_id))[0])
 
-    def cancel(self, ref: str, reason: str = "") -> dict:
+    def cancel(self, ref: str, reason: str = "", op_id: str = "") -> dict:
         """End a booking now; someone else's needs the manage action and a reason."""
         from . import booking_calls as b
 
-        msg = b.ref_message("CancelBooking", ref, ("s", _text("reason", reason)))
+        msg = b.ref_message("CancelBooking", ref, ("s", _text("reason", reason)),
+                            b.change_options(op_id))
         return b.record(self._send(msg)[0])
 
     def slots(self, duration, count: int = 3, **request) -> list[dict]:
@@ -734,16 +734,16 @@ class AsyncClient(_Base):
         msg = b.ref_message("EditBooking", ref, ("a{sv}", b.request_options(**changes)))
         return b.record((await self._send(msg))[0])
 
-    async def extend(self, ref: str, by=None, until=None) -> dict:
+    async def extend(self, ref: str, by=None, until=None, op_id: str = "") -> dict:
         from . import booking_calls as b
 
-        end = b.end_after(await self.booking(ref), by, until)
-        return b.record((await self._send(b.ref_message("SetBookingEnd", ref, ("t", end))))[0])
+        return b.record((await self._send(b.end_message(ref, by, until, op_id)))[0])
 
-    async def cancel(self, ref: str, reason: str = "") -> dict:
+    async def cancel(self, ref: str, reason: str = "", op_id: str = "") -> dict:
         from . import booking_calls as b
 
-        msg = b.ref_message("CancelBooking", ref, ("s", _text("reason", reason)))
+        msg = b.ref_message("CancelBooking", ref, ("s", _text("reason", reason)),
+                            b.change_options(op_id))
         return b.record((await self._send(msg))[0])
 
     async def slots(self, duration, count: int = 3, **request) -> list[dict]:

@@ -442,27 +442,30 @@ class Engine:
         return self.calendar.bookings[booking.id], status
 
     def edit_booking(self, caller: Caller, booking_id: str, request: BookingRequest,
-                     admin: bool = False) -> Booking:
+                     admin: bool = False, op_id: str = "") -> Booking:
         self.run_due()
         old = self.calendar.bookings.get(booking_id)
-        booking, events = self.calendar.edit(booking_id, request, caller.uid, self.clock(), admin)
+        booking, events = self.calendar.edit(booking_id, request, caller.uid, self.clock(), admin,
+                                             op_id)
         self._calendar_changed(events, undo=[(booking_id, old)])
         return booking
 
     def set_booking_end(self, caller: Caller, booking_id: str, end_usec: int,
-                        admin: bool = False) -> Booking:
+                        admin: bool = False, op_id: str = "", by_usec: int = 0) -> Booking:
         self.run_due()
         old = self.calendar.bookings.get(booking_id)
-        booking, events = self.calendar.set_end(booking_id, end_usec, caller.uid, self.clock(), admin)
+        booking, events = self.calendar.set_end(booking_id, end_usec, caller.uid, self.clock(),
+                                                admin, op_id, by_usec)
         self._calendar_changed(events, undo=[(booking_id, old)])
         return booking
 
     def cancel_booking(self, caller: Caller, booking_id: str, reason: str = "",
-                       admin: bool = False) -> Booking:
+                       admin: bool = False, op_id: str = "") -> Booking:
         self.run_due()
         old = self.calendar.bookings.get(booking_id)
-        booking, events = self.calendar.cancel(booking_id, caller.uid, self.clock(), admin, reason)
-        if reason and caller.uid != booking.uid:
+        booking, events = self.calendar.cancel(booking_id, caller.uid, self.clock(), admin,
+                                               reason, op_id)
+        if events and reason and caller.uid != booking.uid:
             audit(f"booking {booking_id} of {booking.user or booking.uid} {booking.ended} by uid "
                   f"{caller.uid}: {reason}", priority=4, uid=booking.uid, event="booking-cancelled",
                   reason=reason)

@@ -24,6 +24,10 @@ BOOK_OPTIONS = {
 }
 """``Book``, ``EditBooking`` and ``FindSlots`` options.  No ``StartUSec`` (or
 ``Earliest``): the earliest start that fits."""
+CHANGE_OPTIONS = {"OpID": "s"}
+"""``CancelBooking`` options: OpID makes it retry-safe too."""
+END_OPTIONS = {"OpID": "s", "ByUSec": "t"}
+"""``SetBookingEnd`` options: ByUSec extends by that much past the end it has."""
 LIST_OPTIONS = {"All": "b", "SinceUSec": "t", "UntilUSec": "t", "Offset": "u", "Limit": "u"}
 MAX_PAGE = 10_000
 MAX_SLOTS = 20

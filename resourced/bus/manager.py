@@ -40,6 +40,8 @@ from ..engine import Engine
 from ..errors import InvalidRequest
 from ..health_monitor import HealthMonitor
 from .bookings import (
+    CHANGE_OPTIONS,
+    END_OPTIONS,
     MAX_SLOTS,
     UserInterface,
     blackout_record,
@@ -258,20 +260,26 @@ class ManagerInterface(Interface):
     async def EditBooking(self, booking_id: "s", options: "a{sv}") -> "a{sv}":
         caller, admin = await self._owner_or_admin(booking_id)
         base = self.engine.booking(booking_id)
-        request, _ = booking_request(options, self._gpu_uuid, base)
-        return self._record(self.engine.edit_booking(caller, booking_id, request, admin))
+        request, op_id = booking_request(options, self._gpu_uuid, base)
+        return self._record(self.engine.edit_booking(caller, booking_id, request, admin, op_id))
 
     @dbus_method()
     @bus_errors
-    async def SetBookingEnd(self, booking_id: "s", end_usec: "t") -> "a{sv}":
+    async def SetBookingEnd(self, booking_id: "s", end_usec: "t", options: "a{sv}") -> "a{sv}":
+        opts = parse_options(options, END_OPTIONS)
+        if bool(end_usec) == bool(opts.get("ByUSec")):
+            raise InvalidRequest("give either an end (end_usec) or ByUSec, not both or neither")
         caller, admin = await self._owner_or_admin(booking_id)
-        return self._record(self.engine.set_booking_end(caller, booking_id, end_usec, admin))
+        return self._record(self.engine.set_booking_end(
+            caller, booking_id, end_usec, admin, opts.get("OpID", ""), opts.get("ByUSec", 0)))
 
     @dbus_method()
     @bus_errors
-    async def CancelBooking(self, booking_id: "s", reason: "s") -> "a{sv}":
+    async def CancelBooking(self, booking_id: "s", reason: "s", options: "a{sv}") -> "a{sv}":
+        op_id = parse_options(options, CHANGE_OPTIONS).get("OpID", "")
         caller, admin = await self._owner_or_admin(booking_id)
-        return self._record(self.engine.cancel_booking(caller, booking_id, reason, admin))
+        return self._record(self.engine.cancel_booking(caller, booking_id, reason, admin,
+                                                       op_id))
 
     @dbus_method()
     @bus_errors

@@ -174,10 +174,11 @@ def bookings(all_users, since, bus, as_json):
 @click.option("--earliest", is_flag=True, help="Move it to the earliest start that fits.")
 @click.option("--for", "duration", type=Duration(), help="A new duration.")
 @click.option("--until", type=When(), help="A new end.")
+@click.option("--op-id", default=None, metavar="ID", help="Retry-safe: a replay changes nothing.")
 @bus_option
 @json_option
 def edit(ref, gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_name, start,
-         earliest, duration, until, bus, as_json):
+         earliest, duration, until, op_id, bus, as_json):
     """Change a booking that has not started; what is not given stays as it is.
 
     It is admitted again against the calendar without itself (exit 3 if it no longer
@@ -203,6 +204,8 @@ def edit(ref, gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, tas
             changes["start"] = start / 1e6
         if earliest:
             changes["earliest"] = True
+        if op_id is not None:
+            changes["op_id"] = op_id
         if not changes:
             raise click.UsageError("nothing to change: give --at, --for, --gpus, ...")
         booking = c.edit(ref, **changes)
@@ -213,9 +216,10 @@ def edit(ref, gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, tas
 @click.argument("ref")
 @click.option("--by", type=Duration(), help="Add this much to its end.")
 @click.option("--until", type=When(), help="End then instead (earlier shrinks it, not before now).")
+@click.option("--op-id", default="", metavar="ID", help="Retry-safe: a replay changes nothing.")
 @bus_option
 @json_option
-def extend(ref, by, until, bus, as_json):
+def extend(ref, by, until, op_id, bus, as_json):
     """Move a booking's end: later (admitted on the added part only) or earlier (what is
     given back is free at once).
 
@@ -224,16 +228,17 @@ def extend(ref, by, until, bus, as_json):
     if (by is None) == (until is None):
         raise click.UsageError("give exactly one of --by or --until")
     with client(bus) as c:
-        booking = c.extend(ref, by=by, until=None if until is None else until / 1e6)
+        booking = c.extend(ref, by=by, until=None if until is None else until / 1e6, op_id=op_id)
     _show_one(booking, as_json)
 
 
 @click.command()
 @click.argument("ref")
 @click.option("--reason", default="", help="Why (needed for someone else's booking).")
+@click.option("--op-id", default="", metavar="ID", help="Retry-safe: a replay changes nothing.")
 @bus_option
 @json_option
-def cancel(ref, reason, bus, as_json):
+def cancel(ref, reason, op_id, bus, as_json):
     """Cancel a booking (an active one gives its GPUs back at once).
 
     Someone else's booking needs the administrators' polkit action and a --reason, which
@@ -242,7 +247,7 @@ def cancel(ref, reason, bus, as_json):
     Example: gpuctl cancel b3x9k2q
     """
     with client(bus) as c:
-        booking = c.cancel(ref, reason)
+        booking = c.cancel(ref, reason, op_id=op_id)
     _show_one(booking, as_json)
 
 

@@ -87,6 +87,7 @@ class Booking:
     created_usec: int
     op_id: str = ""
     op_fingerprint: str = ""       # of the request the op id first made
+    ops: tuple[tuple[int, str, str], ...] = ()  # later changes' (uid, op id, fingerprint)
     state: str = SCHEDULED
     ended: str = ""                # expired | released | cancelled
     ended_by: int = -1
@@ -156,6 +157,8 @@ class Calendar:
             self._put(booking)
             if booking.op_id:
                 self._ops[(booking.uid, booking.op_id)] = (booking.op_fingerprint, booking.id)
+            for uid, op_id, fingerprint in booking.ops:
+                self._ops[(uid, op_id)] = (fingerprint, booking.id)
         return dropped
 
     def put_back(self, booking_id: str, old: "Booking | None") -> None:
@@ -196,9 +199,13 @@ class Calendar:
         return booking, "created", [BookingEvent(booking, "created")]
 
     def edit(self, booking_id: str, request: BookingRequest, uid: int, now: int,
-             admin: bool = False) -> tuple[Booking, list[BookingEvent]]:
+             admin: bool = False, op_id: str = "") -> tuple[Booking, list[BookingEvent]]:
         """Change anything of a booking that has not started, re-admitted against the
         calendar without itself."""
+        return self._once(uid, op_id, ("edit", booking_id, request.fingerprint()),
+                          lambda: self._edit(booking_id, request, uid, now, admin))
+
+    def _edit(self, booking_id, request, uid, now, admin):
         old = self._own(booking_id, uid, admin)
         if old.state != SCHEDULED:
             raise InvalidRequest(f"booking {booking_id} has started: only its end can change "
@@ -210,10 +217,18 @@ class Calendar:
                                      share=share), "changed")
 
     def set_end(self, booking_id: str, end_usec: int, uid: int, now: int,
-                admin: bool = False) -> tuple[Booking, list[BookingEvent]]:
+                admin: bool = False, op_id: str = "", by_usec: int = 0,
+                ) -> tuple[Booking, list[BookingEvent]]:
         """Extend (admitted on the added part only, on the same GPUs) or shrink (not before
-        now: what is given back is free at once)."""
+        now: what is given back is free at once) to ``end_usec``, or ``by_usec`` past the
+        end it has (so that a replayed op id extends once)."""
+        return self._once(uid, op_id, ("end", booking_id, end_usec, by_usec),
+                          lambda: self._set_end(booking_id, end_usec, uid, now, admin, by_usec))
+
+    def _set_end(self, booking_id, end_usec, uid, now, admin, by_usec):
         old = self._own(booking_id, uid, admin)
+        if by_usec:
+            end_usec = old.end_usec + by_usec
         if old.state == ENDED:
             raise InvalidRequest(f"booking {booking_id} has ended")
         floor = max(now, old.start_usec)
@@ -234,9 +249,13 @@ class Calendar:
         return self._replace(replace(old, request=request, end_usec=end_usec), "changed")
 
     def cancel(self, booking_id: str, uid: int, now: int, admin: bool = False,
-               reason: str = "") -> tuple[Booking, list[BookingEvent]]:
+               reason: str = "", op_id: str = "") -> tuple[Booking, list[BookingEvent]]:
         """End a booking now: a scheduled one is cancelled, an active one released.  Someone
         else's needs ``admin`` and a reason, which its owner then sees."""
+        return self._once(uid, op_id, ("cancel", booking_id, reason),
+                          lambda: self._cancel(booking_id, uid, now, admin, reason))
+
+    def _cancel(self, booking_id, uid, now, admin, reason):
         old = self._own(booking_id, uid, admin)
         if old.state == ENDED:
             raise InvalidRequest(f"booking {booking_id} has ended already")
@@ -336,6 +355,24 @@ class Calendar:
             assert self.timeline.holds[booking_id] == self.bookings[booking_id].hold()
 
     # -- internals ---------------------------------------------------------------------
+    def _once(self, uid: int, op_id: str, what: tuple, change) -> tuple[Booking, list[BookingEvent]]:
+        """Make ``change`` once per (uid, ``op_id``): a replay of the same ``what`` answers
+        the booking as it is, with no events; another request with that id is refused."""
+        if not op_id:
+            return change()
+        fingerprint = hashlib.sha256(json.dumps(what).encode()).hexdigest()
+        seen = self._ops.get((uid, op_id))
+        if seen is not None:
+            if seen[0] != fingerprint:
+                raise InvalidRequest(f"operation id {quoted(op_id)} was used for another request")
+            return self.bookings[seen[1]], []
+        booking, events = change()
+        booking = replace(booking, ops=(*booking.ops, (uid, op_id, fingerprint)))
+        self.bookings[booking.id] = booking  # the hold is the same: ops are not held
+        self._ops[(uid, op_id)] = (fingerprint, booking.id)
+        return booking, [replace(e, booking=booking) if e.booking.id == booking.id else e
+                         for e in events]
+
     def _admit(self, request: BookingRequest, now: int, ignore: frozenset[str] = frozenset(),
                kept: tuple[int, int] | None = None) -> tuple[int, tuple[str, ...], bool]:
         """Where and when ``request`` goes; an edit keeps the time it had (``kept``) even

@@ -395,6 +395,26 @@ def test_an_operation_id_makes_a_booking_retry_safe(clocked_daemon):
         assert other["booking"]["op_id"] == "op-2"
 
 
+def test_operation_ids_make_every_change_retry_safe_and_survive_a_restart(clocked_daemon):
+    first = clocked_daemon(gpus=2)
+    with client() as c:
+        ref = c.book("1h", gpus=1, start="2026-12-01T10:00:00Z")["booking"]["id"]
+        longer = c.extend(ref, by="1h", op_id="ext-1")
+        assert longer["end_usec"] == c.extend(ref, by="1h", op_id="ext-1")["end_usec"]  # once
+        moved = c.edit(ref, label="moved", start="2026-12-01T13:00:00Z", op_id="edit-1")
+        assert c.edit(ref, label="moved", start="2026-12-01T13:00:00Z", op_id="edit-1") == moved
+        unchanged(lambda: c.extend(ref, by="2h", op_id="ext-1"), InvalidRequest, "ext-1")
+    assert first.stop() == 0
+    clocked_daemon(gpus=2, runtime_dir=first.runtime_dir)
+    with client() as c:
+        assert c.extend(ref, by="1h", op_id="ext-1")["end_usec"] == moved["end_usec"]
+        gone = c.cancel(ref, op_id="cancel-1")
+        assert gone["ended"] == "cancelled"
+        assert c.cancel(ref, op_id="cancel-1") == gone  # not "has ended already"
+        with pytest.raises(InvalidRequest, match="ended already"):
+            c.cancel(ref)
+
+
 def test_a_share_larger_than_every_gpu_is_refused_for_what_it_is(clocked_daemon):
     clocked_daemon(gpus=2)
     with client() as c:

@@ -27,8 +27,8 @@ def no_bookings(rig):
         for b in rig.root_call(BUS_NAME, MANAGER_PATH, MANAGER_IFACE, "ListBookings", "a{sv}",
                                ({"All": ("b", True)},))[0]:
             if b["State"][1] != "ended":
-                rig.root_call(BUS_NAME, MANAGER_PATH, MANAGER_IFACE, "CancelBooking", "ss",
-                              (b["Id"][1], "test clean-up"))
+                rig.root_call(BUS_NAME, MANAGER_PATH, MANAGER_IFACE, "CancelBooking", "ssa{sv}",
+                              (b["Id"][1], "test clean-up", {}))
     cancel_all()
     yield
     cancel_all()
@@ -83,7 +83,7 @@ def test_nobody_else_changes_a_booking_without_the_administrators_action(rig, ke
             "extend": ["extend", ref, "--by", "1h"],
             "edit": ["edit", ref, "--label", "taken"]}[how]
     refused(rig.gpuctl(key, *args), EXIT_ACCESS_DENIED)
-    result = rig.call(key, "CancelBooking", "ss", (ref, "mine now"))
+    result = rig.call(key, "CancelBooking", "ssa{sv}", (ref, "mine now", {}))
     assert result.get("error") == INTERACTIVE, result  # manage is auth_admin_keep
     after = booking(rig, ref)
     assert after["state"] == "scheduled" and after["label"] == "" and after["ended"] == ""
