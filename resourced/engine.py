@@ -545,10 +545,8 @@ class Engine:
             for booking_id, old in undo:
                 self.calendar.put_back(booking_id, old)
             raise
-        moved = []
         for event in events:
             b = event.booking
-            moved.append(b.id)
             if event.what == "started":
                 self._start_booking(b)
             elif event.what == "ended" and b.id in self.ledger.claims:
@@ -556,7 +554,7 @@ class Engine:
                           None, b.reason)
             elif event.what == "changed" and b.state == ACTIVE and b.id in self.ledger.claims:
                 self._commit(self.ledger.set_end(b.id, b.end_usec))
-        self._commit(self.ledger.refresh_until(moved))
+        self._commit(self.ledger.refresh_until())
         self._publish_calendar(events)
         self.run_due()  # a booking made for now starts now
         self._rearm()

@@ -153,6 +153,7 @@ class Ledger:
         self._gpu_waiting = 0                          # waiting claims that want GPUs/VRAM
         self._reclaimable: set[str] = set()            # granted claims that may be asked back
         self._asked: set[str] = set()                  # claims asked back now (reclaim_for)
+        self._bounded: set[str] = set()                # granted until a booking's start
         self._seq = 0
         self.timeline = Timeline({u: g.memory_bytes for u, g in self.gpus.items()},
                                  {p.name: p.capacity for p in self.pools.values()})
@@ -279,9 +280,13 @@ class Ledger:
         not fresh: the queue is walked only if nobody in it waits for a GPU; else call
         ``schedule`` once fresh evidence is at hand (``waiting_for_gpus``)."""
         claim = self.get(claim_id)
+        held = claim.state == GRANTED
         self._free(claim)
         self._remove(claim)
-        return [ClaimReleased(claim, reason), *self._schedule(busy)]
+        events: list[Event] = [ClaimReleased(claim, reason)]
+        if held and self._bounded:
+            events += self.refresh_until()  # what it held may be what made them end early
+        return events + self._schedule(busy)
 
     def owner_died(self, claim_id: str, now_usec: int = 0,
                    busy: frozenset[str] | None = frozenset()) -> list[Event]:
@@ -343,12 +348,14 @@ class Ledger:
         self._reclaimable.add(claim.id)
         return self._schedule(busy)
 
-    def refresh_until(self, booking_ids: Iterable[str]) -> list[Event]:
-        """After bookings moved or went away: claims granted until their starts may keep
-        what they hold until the next booking that needs it now (or for good)."""
-        changed = set(booking_ids)
+    def refresh_until(self) -> list[Event]:
+        """After bookings moved or went away, or a claim beside them was released: the
+        claims granted until a booking's start may keep what they hold until the next
+        booking that needs it now (or for good).  A booking may need what a claim holds
+        only together with others, so every such claim is looked at again (they are few:
+        those granted on what is booked later)."""
         events: list[Event] = []
-        for claim in [c for c in self.claims.values() if c.until_booking in changed]:
+        for claim in sorted((self.claims[c] for c in self._bounded), key=lambda c: c.seq):
             self.timeline.remove(claim.id)
             before = (claim.until_usec, claim.until_booking)
             self._hold_over_time(claim)
@@ -566,6 +573,10 @@ class Ledger:
             until, booking = conflict
         until = max(until, claim.created_usec + 1) if until else 0  # never ends before it began
         claim.until_usec, claim.until_booking = until, booking
+        if booking:
+            self._bounded.add(claim.id)
+        else:
+            self._bounded.discard(claim.id)
         self.timeline.add(Hold(hold.id, hold.start, until or None, hold.whole, share,
                                hold.vram, hold.pools, claim=True))
 
@@ -581,6 +592,7 @@ class Ledger:
         if claim.mode != BOOKING:
             self.timeline.remove(claim.id)
         self._reclaimable.discard(claim.id)
+        self._bounded.discard(claim.id)
         if claim.shared:
             shares = self._shares[claim.gpus[0]]
             del shares[claim.id]
@@ -698,6 +710,7 @@ class Ledger:
         assert {c.id for c in granted if c.reclaimable or c.overdue} == self._reclaimable, \
             "reclaimable index"
         assert {c.id for c in self.claims.values() if c.reclaim_for} == self._asked, "asked index"
+        assert {c.id for c in granted if c.until_booking} == self._bounded, "bounded index"
         for c in granted:
             if c.mode != BOOKING:
                 hold = self.timeline.holds.get(c.id)
