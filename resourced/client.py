@@ -478,9 +478,11 @@ class Client(_Base):
                  limit: int | None = None) -> list[dict]:
         """Mine (or everyone's): scheduled, active, and ended since ``since`` (default a
         day ago), by start."""
+        import json
+
         from . import booking_calls as b
 
-        return b.records(self._send(b.list_message(all_users, since, until, offset, limit)))
+        return json.loads(self._send(b.list_message(all_users, since, until, offset, limit))[0])
 
     def booking(self, ref: str) -> dict:
         from . import booking_calls as b
@@ -719,9 +721,12 @@ class AsyncClient(_Base):
 
     async def bookings(self, all_users: bool = False, since=None, until=None, offset: int = 0,
                        limit: int | None = None) -> list[dict]:
+        import json
+
         from . import booking_calls as b
 
-        return b.records(await self._send(b.list_message(all_users, since, until, offset, limit)))
+        return json.loads((await self._send(b.list_message(all_users, since, until, offset,
+                                                           limit)))[0])
 
     async def booking(self, ref: str) -> dict:
         from . import booking_calls as b

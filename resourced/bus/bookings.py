@@ -7,6 +7,8 @@ go out from ``/org/resourced/user/<uid>`` (``org.resourced.User``), so a client 
 listens for its own user's is not woken for everyone else's.
 """
 
+import json
+
 from dbus_fast import Variant
 from dbus_fast.service import dbus_signal
 
@@ -73,34 +75,60 @@ def list_filter(options: dict) -> dict:
     return opts
 
 
-def booking_record(b: Booking, gpus: dict, claim=None) -> dict:
-    """A booking as a{sv}; ``gpus`` maps UUIDs to the ledger's GPUs; ``claim`` is its
-    claim while it is active."""
+FIELDS = (
+    ("Id", "id", "s"), ("UID", "uid", "u"), ("User", "user", "s"), ("State", "state", "s"),
+    ("StartUSec", "start_usec", "t"), ("EndUSec", "end_usec", "t"),
+    ("CreatedUSec", "created_usec", "t"), ("GPUUUIDs", "gpu_uuids", "as"),
+    ("GPUIndices", "gpu_indices", "au"), ("GPUs", "gpus", "u"),
+    ("VRAMBytes", "vram_bytes", "t"), ("Shared", "shared", "b"),
+    ("Exclusive", "exclusive", "b"), ("Pools", "pools", "a{st}"), ("Label", "label", "s"),
+    ("TaskName", "task_name", "s"), ("OpID", "op_id", "s"), ("Ended", "ended", "s"),
+    ("EndedBy", "ended_by", "i"), ("EndedUSec", "ended_usec", "t"),
+    ("Reason", "reason", "s"), ("ClaimState", "claim_state", "s"),
+)
+"""A booking's record: its a{sv} key, its JSON key (what the clients return), its type."""
+
+
+def booking_fields(b: Booking, gpus: dict, claim_state: str = "") -> dict:
+    """A booking's record by JSON key; ``gpus`` maps UUIDs to the ledger's GPUs;
+    ``claim_state`` is its claim's while it is active."""
     d = b.request.demand
     return {
-        "Id": Variant("s", b.id),
-        "UID": Variant("u", b.uid),
-        "User": Variant("s", b.user),
-        "State": Variant("s", b.state),
-        "StartUSec": Variant("t", b.start_usec),
-        "EndUSec": Variant("t", b.end_usec),
-        "CreatedUSec": Variant("t", b.created_usec),
-        "GPUUUIDs": Variant("as", list(b.gpus)),
-        "GPUIndices": Variant("au", [gpus[u].index for u in b.gpus if u in gpus]),
-        "GPUs": Variant("u", d.gpus),
-        "VRAMBytes": Variant("t", d.vram),
-        "Shared": Variant("b", b.share),
-        "Exclusive": Variant("b", b.request.exclusive),
-        "Pools": Variant("a{st}", dict(d.pools)),
-        "Label": Variant("s", b.request.label),
-        "TaskName": Variant("s", b.request.task_name),
-        "OpID": Variant("s", b.op_id),
-        "Ended": Variant("s", b.ended),
-        "EndedBy": Variant("i", b.ended_by),
-        "EndedUSec": Variant("t", b.ended_usec),
-        "Reason": Variant("s", b.reason),
-        "ClaimState": Variant("s", claim.state if claim is not None else ""),
+        "id": b.id, "uid": b.uid, "user": b.user, "state": b.state,
+        "start_usec": b.start_usec, "end_usec": b.end_usec, "created_usec": b.created_usec,
+        "gpu_uuids": list(b.gpus), "gpu_indices": [gpus[u].index for u in b.gpus if u in gpus],
+        "gpus": d.gpus, "vram_bytes": d.vram, "shared": b.share,
+        "exclusive": b.request.exclusive, "pools": dict(d.pools), "label": b.request.label,
+        "task_name": b.request.task_name, "op_id": b.op_id, "ended": b.ended,
+        "ended_by": b.ended_by, "ended_usec": b.ended_usec, "reason": b.reason,
+        "claim_state": claim_state,
     }
+
+
+def booking_record(fields: dict) -> dict:
+    """The a{sv} of a booking's fields."""
+    return {key: Variant(signature, fields[name]) for key, name, signature in FIELDS}
+
+
+class BookingTexts:
+    """Each booking's JSON, kept until the booking changes (records are immutable: a
+    changed booking is another object), so listing 5,000 bookings encodes none again."""
+
+    def __init__(self):
+        self._texts: dict[str, tuple[Booking, str]] = {}
+
+    def text(self, b: Booking, gpus: dict, claim_state: str) -> str:
+        cached = self._texts.get(b.id)
+        if cached is None or cached[0] is not b:
+            fields = booking_fields(b, gpus)
+            del fields["claim_state"]
+            cached = self._texts[b.id] = (b, json.dumps(fields)[:-1])
+        return f'{cached[1]}, "claim_state": "{claim_state}"}}'
+
+    def forget_missing(self, known: dict) -> None:
+        """Drop the texts of bookings the calendar no longer has."""
+        for booking_id in [i for i in self._texts if i not in known]:
+            del self._texts[booking_id]
 
 
 def blackout_record(b: Blackout) -> dict:

@@ -363,6 +363,7 @@ def test_bookings_are_listed_by_start_in_pages_and_windows(clocked_daemon):
     by_start = sorted(made, key=made.get)
     with client() as c:
         assert [b["id"] for b in c.bookings()] == by_start
+        assert c.bookings() == [c.booking(ref) for ref in by_start]  # JSON list = a{sv} record
         assert [b["id"] for b in c.bookings(limit=2)] == by_start[:2]
         assert [b["id"] for b in c.bookings(offset=2, limit=2)] == by_start[2:4]
         assert [b["id"] for b in c.bookings(offset=4)] == by_start[4:]
