@@ -21,6 +21,10 @@ from ._options import (
 from .status import table
 
 
+MAX_ROWS = 50
+"""Bookings a table shows: a person does not read 5,000 lines; --json has them all."""
+
+
 class When(click.ParamType):
     """A moment: ``now``, ``+30m``, ``20:00``, ``tomorrow 09:00``, ``mon 09:00``, ISO 8601."""
 
@@ -150,10 +154,13 @@ def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_nam
 def bookings(all_users, since, bus, as_json):
     """List bookings: active and future ones, and those ended lately with how they ended.
 
+    The table shows the first 50 by start; --json lists them all.
+
     Example: gpuctl bookings --all --since yesterday
     """
     with client(bus) as c:
-        found = c.bookings(all_users=all_users, since=since)
+        found = c.bookings(all_users=all_users, since=None if since is None else since / 1e6,
+                           limit=None if as_json else MAX_ROWS + 1)
     if as_json:
         emit_json([_with_times(b) for b in found])
         return
@@ -161,10 +168,14 @@ def bookings(all_users, since, bus, as_json):
         click.echo("no bookings" + ("" if all_users else " of yours (--all shows everyone's)"))
         return
     rows = [("REF", "USER", "STATE", "FROM", "TO", "GPUS", "WANTS", "NOTE")]
-    for b in found:
+    for b in found[:MAX_ROWS]:
         rows.append((b["id"], b["user"], b["state"], _when(b["start_usec"]), _when(b["end_usec"]),
                      ",".join(f"gpu{i}" for i in b["gpu_indices"]) or "-", _wants(b), _note(b)))
-    echo_table("\n".join(table(rows)))
+    lines = table(rows)
+    if len(found) > MAX_ROWS:
+        lines.append(f"... and more after {_when(found[MAX_ROWS]['start_usec'])} "
+                     "(--json lists them all)")
+    echo_table("\n".join(lines))
 
 
 @click.command()
@@ -470,11 +481,11 @@ def _with_times(item: dict) -> dict:
 
 
 def _iso(usec: int) -> str:
-    from datetime import UTC
+    """ISO 8601 in UTC, to the second (time.strftime: 10 times datetime's speed, which
+    shows with thousands of records)."""
+    import time
 
-    from ..when import moment
-
-    return moment(usec, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(usec // 1_000_000))
 
 
 def _when(usec: int) -> str:
