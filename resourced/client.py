@@ -457,7 +457,7 @@ class Client(_Base):
         return self._send(self._get_property("FreeGPUs"))[0][1]
 
     def verify(self) -> list[dict]:
-        """Per GPU: Status (OK, IDLE CLAIM, UNCLAIMED USE, FOREIGN PROCESS, MISSING, UNKNOWN),
+        """Per GPU: Status (OK, IDLE CLAIM, UNCLAIMED USE, FOREIGN PROCESS, OVERDUE, MISSING, UNKNOWN),
         Claim, Processes (Pid, User, Command, Claim, Ambiguous, ...)."""
         return self._decode_verify(self._send(self._call("Verify")))
 

@@ -85,13 +85,16 @@ FIELDS = (
     ("TaskName", "task_name", "s"), ("OpID", "op_id", "s"), ("Ended", "ended", "s"),
     ("EndedBy", "ended_by", "i"), ("EndedUSec", "ended_usec", "t"),
     ("Reason", "reason", "s"), ("ClaimState", "claim_state", "s"),
+    ("WaitingFor", "waiting_for", "as"),
 )
 """A booking's record: its a{sv} key, its JSON key (what the clients return), its type."""
 
 
-def booking_fields(b: Booking, gpus: dict, claim_state: str = "") -> dict:
+def booking_fields(b: Booking, gpus: dict, claim_state: str = "",
+                   waiting_for: list[str] = ()) -> dict:
     """A booking's record by JSON key; ``gpus`` maps UUIDs to the ledger's GPUs;
-    ``claim_state`` is its claim's while it is active."""
+    ``claim_state`` is its claim's while it is active, ``waiting_for`` the claims that
+    hold its GPUs while its claim waits (granted before it, not given back)."""
     d = b.request.demand
     return {
         "id": b.id, "uid": b.uid, "user": b.user, "state": b.state,
@@ -101,7 +104,7 @@ def booking_fields(b: Booking, gpus: dict, claim_state: str = "") -> dict:
         "exclusive": b.request.exclusive, "pools": dict(d.pools), "label": b.request.label,
         "task_name": b.request.task_name, "op_id": b.op_id, "ended": b.ended,
         "ended_by": b.ended_by, "ended_usec": b.ended_usec, "reason": b.reason,
-        "claim_state": claim_state,
+        "claim_state": claim_state, "waiting_for": list(waiting_for),
     }
 
 
@@ -117,13 +120,14 @@ class BookingTexts:
     def __init__(self):
         self._texts: dict[str, tuple[Booking, str]] = {}
 
-    def text(self, b: Booking, gpus: dict, claim_state: str) -> str:
+    def text(self, b: Booking, gpus: dict, claim_state: str, waiting_for: list[str]) -> str:
         cached = self._texts.get(b.id)
         if cached is None or cached[0] is not b:
             fields = booking_fields(b, gpus)
-            del fields["claim_state"]
+            del fields["claim_state"], fields["waiting_for"]
             cached = self._texts[b.id] = (b, json.dumps(fields)[:-1])
-        return f'{cached[1]}, "claim_state": "{claim_state}"}}'
+        return (f'{cached[1]}, "claim_state": "{claim_state}", '
+                f'"waiting_for": {json.dumps(waiting_for)}}}')
 
     def forget_missing(self, known: dict) -> None:
         """Drop the texts of bookings the calendar no longer has."""

@@ -295,10 +295,9 @@ class ManagerInterface(Interface):
         found = self.engine.bookings(uid, opts.get("SinceUSec"), opts.get("UntilUSec"))
         offset = opts.get("Offset", 0)
         page = found[offset: offset + opts["Limit"]] if "Limit" in opts else found[offset:]
-        gpus, claims = self.engine.ledger.gpus, self.engine.ledger.claims
+        gpus = self.engine.ledger.gpus
         self._texts.forget_missing(self.engine.calendar.bookings)
-        return "[" + ", ".join(self._texts.text(b, gpus, c.state if (c := claims.get(b.id)) else "")
-                               for b in page) + "]"
+        return "[" + ", ".join(self._texts.text(b, gpus, *self._claim_of(b)) for b in page) + "]"
 
     @dbus_method()
     @bus_errors
@@ -452,9 +451,19 @@ class ManagerInterface(Interface):
         return self.engine.ledger.gpu_by_name(name).uuid
 
     def _record(self, booking) -> dict:
-        claim = self.engine.ledger.claims.get(booking.id)
         return booking_record(booking_fields(booking, self.engine.ledger.gpus,
-                                             claim.state if claim is not None else ""))
+                                             *self._claim_of(booking)))
+
+    def _claim_of(self, booking) -> tuple[str, list[str]]:
+        """An active booking's claim state, and the claims it waits for."""
+        ledger = self.engine.ledger
+        claim = ledger.claims.get(booking.id)
+        if claim is None:
+            return "", []
+        if claim.state != "queued":
+            return claim.state, []
+        holding = {c.id for u in booking.gpus for c in ledger.claims_on(u)}
+        return claim.state, sorted(holding)
 
     def _user_object(self, uid: int) -> UserInterface:
         iface = self._users.get(uid)

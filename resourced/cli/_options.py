@@ -18,7 +18,7 @@ def json_option(fn):
 
 
 RED, YELLOW = "31", "33"
-ALERTS = {"STOP": RED, "NOTICE": YELLOW, "DEAD": RED, "UNCLAIMED USE": RED, "FOREIGN PROCESS": RED,
+ALERTS = {"STOP": RED, "NOTICE": YELLOW, "OVERDUE": RED, "WAITING": YELLOW, "DEAD": RED, "UNCLAIMED USE": RED, "FOREIGN PROCESS": RED,
           "MISSING": RED, "ERROR": RED, "WARN": YELLOW, "UNKNOWN": YELLOW,
           "UNAVAILABLE": YELLOW}
 """The words a person must notice in a table, and their colour."""

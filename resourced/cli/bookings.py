@@ -513,7 +513,8 @@ def _note(b: dict) -> str:
             how += f" by uid {b['ended_by']}: {b['reason']}"
         return how
     if b["state"] == "active" and b["claim_state"] == "queued":
-        return "WAITING: a claim granted before it has not given back (gpuctl status)"
+        holders = ", ".join(b["waiting_for"]) or "a claim granted before it"
+        return f"WAITING for {holders} to give its GPUs back (gpuctl verify)"
     return b["label"] or b["task_name"]
 
 

@@ -11,8 +11,9 @@ UNCLAIMED_USE = "UNCLAIMED USE"      # a process on a GPU nobody claimed
 FOREIGN_PROCESS = "FOREIGN PROCESS"  # a process on a claimed GPU that is not the claimant's
 MISSING = "MISSING"                  # a managed or configured GPU the driver does not report
 UNKNOWN = "UNKNOWN"                  # the driver did not answer
+OVERDUE = "OVERDUE"                  # held past its time: a booking waits for it
 
-PROBLEMS = frozenset({UNCLAIMED_USE, FOREIGN_PROCESS, MISSING, UNKNOWN})
+PROBLEMS = frozenset({UNCLAIMED_USE, FOREIGN_PROCESS, MISSING, UNKNOWN, OVERDUE})
 
 
 @dataclass(frozen=True)
@@ -60,13 +61,21 @@ def verify(
                                      detail="the driver does not report this GPU"))
             continue
         procs = tuple(seen[gpu.uuid])
+        overdue = [c for c in ledger.claims_on(gpu.uuid) if c.overdue]
+        detail = ""
         if not claimants:
             status = UNCLAIMED_USE if procs else OK
         elif any(p.claim_id not in claimants for p in procs):
             status = FOREIGN_PROCESS
+        elif overdue:
+            status = OVERDUE
+            detail = "; ".join(f"{c.id} ({c.user or c.uid}) was granted until booking "
+                               f"{c.until_booking} began; it waits for this GPU"
+                               for c in overdue)
         else:
             status = OK if procs else IDLE_CLAIM
-        reports.append(GpuReport(gpu.uuid, gpu.label, gpu.index, status, claim_id, procs))
+        reports.append(GpuReport(gpu.uuid, gpu.label, gpu.index, status, claim_id, procs,
+                                 detail))
     for uuid, alias, index in configured_missing:
         reports.append(GpuReport(uuid, alias, index, MISSING, "",
                                  detail="configured, but the driver does not report it"))

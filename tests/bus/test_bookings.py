@@ -521,7 +521,12 @@ def test_a_claim_on_a_gpu_booked_later_holds_until_the_booking(clocked_daemon, c
     assert claim_of(b["id"])["state"] == "queued"
     eventually(lambda: claim_of(ref)["reclaim_requested"], CLOCK_TIMEOUT)
     assert claim_of(ref)["state"] == "granted"
+    # Its owner sees who holds it; verify shows the GPU as OVERDUE.
+    assert booking(b["id"])["waiting_for"] == [ref]
     with client() as c:
+        held = [r for r in c.verify() if r["Claim"] == ref]
+        assert [r["Status"] for r in held] == ["OVERDUE"]
+        assert b["id"] in held[0]["Detail"]
         c.release(ref)
     eventually(lambda: booking(b["id"])["claim_state"] == "granted", CLOCK_TIMEOUT)
     assert set(gpu_states().values()) == {"claimed"}

@@ -9,6 +9,7 @@ from resourced.core.verify import (
     FOREIGN_PROCESS,
     IDLE_CLAIM,
     MISSING,
+    OVERDUE,
     OK,
     PROBLEMS,
     UNCLAIMED_USE,
@@ -213,7 +214,7 @@ def test_processes_on_gpus_outside_the_inventory_are_ignored(ledger):
 
 
 def test_problems_are_exactly_the_statuses_that_need_a_person():
-    assert PROBLEMS == {UNCLAIMED_USE, FOREIGN_PROCESS, MISSING, UNKNOWN}
+    assert PROBLEMS == {UNCLAIMED_USE, FOREIGN_PROCESS, OVERDUE, MISSING, UNKNOWN}
     assert OK not in PROBLEMS and IDLE_CLAIM not in PROBLEMS
 
 
