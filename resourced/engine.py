@@ -437,7 +437,7 @@ class Engine:
         user = await self._user_name(caller.uid)
         self.run_due()
         booking, status, events = self.calendar.book(
-            request, self._new_id("b"), caller.uid, user, self.clock(), op_id)
+            request, self._new_id("b"), caller.uid, user, self._booking_now(), op_id)
         self._calendar_changed(events, undo=[(booking.id, None)])
         return self.calendar.bookings[booking.id], status
 
@@ -445,8 +445,8 @@ class Engine:
                      admin: bool = False, op_id: str = "") -> Booking:
         self.run_due()
         old = self.calendar.bookings.get(booking_id)
-        booking, events = self.calendar.edit(booking_id, request, caller.uid, self.clock(), admin,
-                                             op_id)
+        booking, events = self.calendar.edit(booking_id, request, caller.uid,
+                                             self._booking_now(), admin, op_id)
         self._calendar_changed(events, undo=[(booking_id, old)])
         return booking
 
@@ -454,8 +454,8 @@ class Engine:
                         admin: bool = False, op_id: str = "", by_usec: int = 0) -> Booking:
         self.run_due()
         old = self.calendar.bookings.get(booking_id)
-        booking, events = self.calendar.set_end(booking_id, end_usec, caller.uid, self.clock(),
-                                                admin, op_id, by_usec)
+        booking, events = self.calendar.set_end(booking_id, end_usec, caller.uid,
+                                                self._booking_now(), admin, op_id, by_usec)
         self._calendar_changed(events, undo=[(booking_id, old)])
         return booking
 
@@ -530,7 +530,13 @@ class Engine:
 
     def slots(self, request: BookingRequest, count: int) -> list[tuple[int, tuple[str, ...]]]:
         self.run_due()
-        return self.calendar.slots(request, self.clock(), count)
+        return self.calendar.slots(request, self._booking_now(), count)
+
+    def _booking_now(self) -> int:
+        """Now, rounded up to the second, for placing bookings: the starts and ends they
+        get are then whole seconds, which every time a person types can name (a slot or a
+        nearest start shown to the second is one that can be booked)."""
+        return -(-self.clock() // 1_000_000) * 1_000_000
 
     def _calendar_changed(self, events: list[BookingEvent], undo=()) -> None:
         """Record booking events (undoing them if that fails: nothing is acknowledged that a

@@ -43,6 +43,7 @@ _WEEKDAYS = {
 }
 _WHEN_FORMS = (
     "now, +DURATION (+30m, +2h, +1d), HH:MM, today HH:MM, tomorrow HH:MM, "
+    "yesterday [HH:MM], "
     "WEEKDAY HH:MM (mon 09:00), or ISO 8601 (2026-12-01, 2026-12-01T09:00, "
     "2026-12-01T09:00+01:00)"
 )
@@ -75,8 +76,8 @@ def parse_when(text: str, now: datetime) -> datetime:
     """The moment ``text`` names, as an aware datetime in the zone of ``now``.
 
     Forms (case-insensitive): ``now``; ``+DURATION``; ``HH:MM`` (the next time the clock
-    shows it, tomorrow if not after ``now``); ``today HH:MM`` and ``tomorrow HH:MM``
-    (today's may be past); ``WEEKDAY HH:MM`` (``mon``/``monday``: the next one, today if
+    shows it, tomorrow if not after ``now``); ``yesterday``, ``today``, ``tomorrow`` (the
+    day's start) and with ``HH:MM`` (may be past: what ``format_when`` writes reads back); ``WEEKDAY HH:MM`` (``mon``/``monday``: the next one, today if
     still ahead); ISO 8601 date or date and time, local to ``now`` unless it carries
     ``Z`` or an offset.  ``ValueError`` naming these forms for anything else.
     """
@@ -96,6 +97,8 @@ def _parse_words(words: list[str], stripped: str, now: datetime) -> datetime | N
     today = now.date()
     if words == ["now"]:
         return now
+    if len(words) == 1 and words[0] in _DAYS:  # the day's start: "--since yesterday"
+        return datetime.combine(today + timedelta(days=_DAYS[words[0]]), time(), tzinfo=zone)
     if stripped.startswith("+"):
         try:
             seconds = parse_duration(stripped[1:])
@@ -109,10 +112,8 @@ def _parse_words(words: list[str], stripped: str, now: datetime) -> datetime | N
         return candidate
     if len(words) == 2 and (clock := _clock(words[1])) is not None:
         day, wanted = words[0], _WEEKDAYS.get(words[0])
-        if day == "today":
-            return datetime.combine(today, clock, tzinfo=zone)
-        if day == "tomorrow":
-            return datetime.combine(today + timedelta(days=1), clock, tzinfo=zone)
+        if day in _DAYS:
+            return datetime.combine(today + timedelta(days=_DAYS[day]), clock, tzinfo=zone)
         if wanted is not None:
             ahead = (wanted - today.weekday()) % 7
             candidate = datetime.combine(today + timedelta(days=ahead), clock, tzinfo=zone)
@@ -130,6 +131,9 @@ def _parse_words(words: list[str], stripped: str, now: datetime) -> datetime | N
             return datetime.combine(parsed.date(), parsed.time(), tzinfo=zone)
         return parsed.astimezone(zone)
     return None
+
+
+_DAYS = {"yesterday": -1, "today": 0, "tomorrow": 1}
 
 
 def _clock(word: str) -> time | None:

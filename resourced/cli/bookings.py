@@ -135,7 +135,7 @@ def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_nam
     if result["status"] == "created" and start is None and booking["start_usec"] > now:
         result["status"] = "queued"
     if as_json:
-        emit_json(_with_times(result))
+        emit_json({**result, "booking": _with_times(booking)})
         return
     click.echo(booking["id"])
     where = ", ".join(f"gpu{i}" for i in booking["gpu_indices"]) or "pools"
@@ -201,6 +201,9 @@ def edit(ref, gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, tas
         raise click.UsageError("use --for or --until, not both")
     if start is not None and earliest:
         raise click.UsageError("use --at or --earliest, not both")
+    if until is not None and earliest:
+        raise click.UsageError("--earliest moves the start: give the length with --for, "
+                               "not an end with --until")
     changes = _request(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label,
                        task_name, default_gpu=False)
     with client(bus) as c:

@@ -326,13 +326,16 @@ class Calendar:
     # -- views -------------------------------------------------------------------------
     def slots(self, request: BookingRequest, now: int, count: int = 3) -> list[tuple[int, tuple[str, ...]]]:
         """The earliest ``count`` distinct starts where ``request`` would fit (read-only)."""
+        self._check_request(request)
+        if request.start_usec is not None:
+            self._check_horizon(request.start_usec, now)
         found, not_before = [], max(now, request.start_usec or now)
         while len(found) < count:
             fit = self.timeline.earliest(self._demand(request), request.duration_usec,
                                          not_before, allowed=self._allowed(request),
                                          blocked=self._blocked())
-            if fit is None:
-                break
+            if fit is None or (self.limits.horizon and fit[0] - now > self.limits.horizon * 1e6):
+                break  # never, or not within the horizon: book would refuse it
             start, whole, share = fit
             found.append((start, _gpus(whole, share)))
             later = [e for e in self._ends() if e > start]
@@ -378,10 +381,8 @@ class Calendar:
         """Where and when ``request`` goes; an edit keeps the time it had (``kept``) even
         inside a blackout added since."""
         duration = request.duration_usec
-        if self.limits.longest and duration > self.limits.longest * 1e6:
-            raise InvalidRequest(f"a booking may last at most {_span(self.limits.longest)}")
+        self._check_request(request)
         demand, allowed, blocked = self._demand(request), self._allowed(request), self._blocked(kept)
-        self._check_satisfiable(request, demand, allowed)
         start = request.start_usec
         if start is not None:
             if start < now:
@@ -414,6 +415,12 @@ class Calendar:
         where = ", ".join(self.labels.get(u, u) for u in _gpus(*nearest[1:])) or "the pools"
         return (f"{_describe(demand)} {why}; the nearest start that fits: {_when(nearest[0])} "
                 f"on {where}")
+
+    def _check_request(self, request: BookingRequest) -> None:
+        """What makes a request impossible whenever it is: too long, more than there is."""
+        if self.limits.longest and request.duration_usec > self.limits.longest * 1e6:
+            raise InvalidRequest(f"a booking may last at most {_span(self.limits.longest)}")
+        self._check_satisfiable(request, self._demand(request), self._allowed(request))
 
     def _check_horizon(self, start: int, now: int) -> None:
         if self.limits.horizon and start - now > self.limits.horizon * 1e6:

@@ -205,8 +205,8 @@ def test_parse_when_plus_is_elapsed_time_across_dst():
 @pytest.mark.parametrize(
     "text",
     ["", "  ", "soon", "later", "now now", "+", "+soon", "+-5m", "-5m", "5m", "24:00",
-     "12:60", "12:30:60", "123:00", "12:5", "12", "today", "tomorrow", "today 25:00",
-     "yesterday 09:00", "mon", "mo 09:00", "monday", "monday 09:00 extra", "09:00 today",
+     "12:60", "12:30:60", "123:00", "12:5", "12", "today 25:00",
+     "mon", "mo 09:00", "monday", "monday 09:00 extra", "09:00 today",
      "2026-13-01", "2026-02-30", "2026-12-01T25:00", "2026-12-01X09:00", "2026-12-1",
      "01/12/2026", "2026-12-01T09:00+25:00", "2026-12-01T09", "+99999999999d"],
 )
@@ -346,3 +346,15 @@ def test_usec_and_moment_round_trip(micros):
                     timezones=st.sampled_from([UTC, PLUS1])))
 def test_moment_and_usec_round_trip(when):
     assert moment(usec(when), when.tzinfo) == when
+
+
+def test_a_day_word_alone_is_its_start_and_yesterday_reads_back():
+    from datetime import datetime, timedelta, timezone
+
+    from resourced.when import format_when, parse_when
+
+    now = datetime(2026, 12, 1, 15, 30, tzinfo=timezone.utc)
+    assert parse_when("yesterday", now) == datetime(2026, 11, 30, tzinfo=timezone.utc)
+    assert parse_when("today", now) == datetime(2026, 12, 1, tzinfo=timezone.utc)
+    then = now - timedelta(hours=20)
+    assert parse_when(format_when(then, now), now) == then  # "yesterday 19:30"
