@@ -31,15 +31,15 @@ class When(click.ParamType):
     name = "WHEN"
 
     def convert(self, value, param, ctx):
-        from ..booking_calls import local_now
-        from ..when import parse_when, usec
+        from ..booking_calls import instant
+        from ..errors import InvalidRequest
 
         if isinstance(value, int):
             return value
         try:
-            return usec(parse_when(value, local_now()))
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+            return instant("time", value)
+        except InvalidRequest as exc:
+            self.fail(exc.message.removeprefix("time: "), param, ctx)
 
 
 class GpuList(click.ParamType):

@@ -123,6 +123,13 @@ def demo(gpus):
         out, _ = waiter.communicate(timeout=60)
         click.echo(f"waiting job: exit {waiter.returncode}, {out.strip()}")
         d.status()
+
+        _say("The calendar: book 2 GPUs for 2 hours an hour from now, see where 4 would fit")
+        for args in (("book", "--gpus", "2", "--for", "2h", "--at", "+1h", "--label", "demo"),
+                     ("slots", "--gpus", "4", "--for", "1h", "--count", "2"),
+                     ("bookings", "--all"), ("timeline", "--hours", "6", "--width", "90")):
+            click.echo(f"$ gpuctl {' '.join(args)}")
+            d.gpuctl(*args)
         _say("Done: the private daemon and bus are stopped")
     finally:
         d.close()
