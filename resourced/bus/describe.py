@@ -15,6 +15,11 @@ from ..core.claims import Claim
 from ..core.inventory import pci_order
 
 
+LIMITS = ("max_claims_per_user", "max_waiting_per_user", "max_bookings_per_user",
+          "longest_booking", "booking_horizon", "warn_before")
+"""The configured limits every user is under (root is exempt from the per-user ones)."""
+
+
 class StateView:
     def __init__(self, engine, mode: str, health):
         self.engine = engine
@@ -67,6 +72,7 @@ class StateView:
                          "until_usec": n.until_usec} for n in self.engine.notices()],
             "bookings_scheduled": sum(1 for b in self.engine.calendar.bookings.values()
                                       if b.state == "scheduled"),
+            "limits": {key: getattr(self.engine.settings, key) for key in LIMITS},
         }
 
     def _claim_json(self, c: Claim) -> str:

@@ -30,6 +30,7 @@ COMMANDS = {
     "timeline": ("bookings", "timeline", "Draw GPUs against time: who holds what, when."),
     "blackout": ("bookings", "blackout", "Block windows for maintenance (administrators)."),
     "notice": ("bookings", "notice", "Messages for everyone (administrators)."),
+    "agent": ("agent", "agent", "For coding agents: one-call context, placements, instructions."),
     "init": ("init", "init", "Write a config file listing this machine's GPUs."),
     "demo": ("demo", "demo", "Show resourced at work on simulated GPUs (a private bus)."),
     "service": ("service", "service", "Install, enable or remove the systemd service."),

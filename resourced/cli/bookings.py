@@ -20,7 +20,6 @@ from ._options import (
 )
 from .status import table
 
-
 MAX_ROWS = 50
 """Bookings a table shows: a person does not read 5,000 lines; --json has them all."""
 
@@ -135,7 +134,7 @@ def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_nam
     if result["status"] == "created" and start is None and booking["start_usec"] > now:
         result["status"] = "queued"
     if as_json:
-        emit_json({**result, "booking": _with_times(booking)})
+        emit_json({**result, "booking": with_times(booking)})
         return
     click.echo(booking["id"])
     where = ", ".join(f"gpu{i}" for i in booking["gpu_indices"]) or "pools"
@@ -162,7 +161,7 @@ def bookings(all_users, since, bus, as_json):
         found = c.bookings(all_users=all_users, since=None if since is None else since / 1e6,
                            limit=None if as_json else MAX_ROWS + 1)
     if as_json:
-        emit_json([_with_times(b) for b in found])
+        emit_json([with_times(b) for b in found])
         return
     if not found:
         click.echo("no bookings" + ("" if all_users else " of yours (--all shows everyone's)"))
@@ -289,14 +288,14 @@ def slots(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_na
         found = c.slots(duration, count=count,
                         start=None if start is None else start / 1e6, **request)
     if as_json:
-        emit_json([_with_times(s) for s in found])
+        emit_json([with_times(s) for s in found])
         return
     if not found:
         click.echo("it fits nowhere within the booking horizon")
         return
     asked = _without(sys.argv[sys.argv.index("slots") + 1:], ("--after", "--count"))
     for s in found:
-        command = ["gpuctl", "book", *asked, "--at", _iso(s["start_usec"])]
+        command = ["gpuctl", "book", *asked, "--at", iso_utc(s["start_usec"])]
         click.echo(f"{_when(s['start_usec'])} to {_when(s['end_usec'])} on "
                    f"{', '.join(f'gpu{i}' for i in s['gpu_indices']) or 'the pools'}:  "
                    f"{shlex.join(command)}")
@@ -346,7 +345,7 @@ def blackout_list(bus, as_json):
     with client(bus) as c:
         found = c.blackouts()
     if as_json:
-        emit_json([_with_times(b) for b in found])
+        emit_json([with_times(b) for b in found])
     elif not found:
         click.echo("no blackouts")
     else:
@@ -466,7 +465,7 @@ def timeline(hours, width, bus, as_json):
 # -- shown -------------------------------------------------------------------------------
 def _show_one(booking: dict, as_json: bool) -> None:
     if as_json:
-        emit_json(_with_times(booking))
+        emit_json(with_times(booking))
         return
     where = ", ".join(f"gpu{i}" for i in booking["gpu_indices"]) or "pools"
     state = booking["state"] if booking["state"] != "ended" else booking["ended"]
@@ -474,16 +473,16 @@ def _show_one(booking: dict, as_json: bool) -> None:
                f"{_when(booking['end_usec'])}")
 
 
-def _with_times(item: dict) -> dict:
+def with_times(item: dict) -> dict:
     """JSON: the record, plus its times as ISO 8601 (UTC) for people and scripts."""
     out = dict(item)
     for key in ("start", "end"):
         if f"{key}_usec" in item:
-            out[key] = _iso(item[f"{key}_usec"])
+            out[key] = iso_utc(item[f"{key}_usec"])
     return out
 
 
-def _iso(usec: int) -> str:
+def iso_utc(usec: int) -> str:
     """ISO 8601 in UTC, to the second (time.strftime: 10 times datetime's speed, which
     shows with thousands of records)."""
     import time

@@ -1,0 +1,247 @@
+"""gpuctl agent: what a coding agent needs, in one call, and the text that teaches it.
+
+``context`` is versioned JSON (``schema``): who I am, what I hold, what is free, the next
+places for common shapes, the queue, health, notices, the limits, and the commands to
+use.  ``recommend`` is a read-only placement with the command to copy.  ``instructions``
+prints the rules an agent follows; ``skill install`` writes them as an Agent Skill
+folder (``SKILL.md`` with its front matter) and nowhere else.
+"""
+
+import os
+import shlex
+from pathlib import Path
+
+import click
+
+from ._options import Amount, Duration, bus_option, client, emit_json, json_option
+
+SCHEMA = 1
+"""The version of ``agent context --json``: keys are added, never changed, within one."""
+SKILL_NAME = "resourced-gpus"
+SKILL_DIRS = {"claude": "~/.claude/skills"}
+"""Where an agent loads personal skills from, where its makers document it (others: --dir)."""
+
+INSTRUCTIONS = """\
+# Using the GPUs of this machine through resourced
+
+This machine's GPUs are shared by people and agents through resourced. Nothing stops a
+program that ignores it, so follow these rules; every other user relies on them.
+
+1. Look first: `gpuctl agent context --json` says what you hold, what is free, when the
+   next places are, the queue, the health levels, notices and your limits.
+2. Never use a GPU you did not claim. Run GPU work through resourced:
+   - one command: `gpuctl run --gpus 1 -- python train.py` (add `--for 2h` when you know
+     how long; `--vram 20G` for a share of one GPU; `--wait` to queue instead of failing);
+   - several commands: `gpuctl claim --gpus 1 --owner-pid PID --task-name WHAT`, where PID
+     is your own long-lived process (the agent's, not a short shell's), then
+     `gpuctl run --allocation REF -- ...` or `eval "$(gpuctl env --allocation REF)"`, and
+     `gpuctl release --allocation REF` as soon as you are done.
+3. Later: `gpuctl agent recommend --gpus 2 --for 4h --json` gives a command to copy;
+   `gpuctl book --gpus 2 --for 4h --at 20:00 --op-id ID` books it.
+4. Writes are retry-safe with an operation id: pass `--op-id` (unique per intent) to book,
+   edit, extend and cancel, and retry with the same id after a timeout; the answer is the
+   first one ("exists"), never a second booking.
+5. When a claim is asked back (a booking starts, or a waiter of higher priority needs it),
+   `gpuctl run` forwards the request as SIGUSR1: save and stop soon.
+6. Exit codes: 0 ok; 2 bad request (fix it, do not retry); 3 does not fit now (retry later,
+   use --wait, or book: the message names the nearest start that fits); 4 the free GPUs
+   run someone's unclaimed processes; 5 the daemon is unreachable; 6 unknown reference;
+   7 not yours; 8 access denied; 9 your processes still use the GPUs (stop them first);
+   11 queue timeout; 12 a per-user limit reached (release something first).
+7. Read `gpuctl status` and `gpuctl verify` rather than nvidia-smi alone: they say who
+   holds what and whether anything runs that nobody claimed.
+"""
+
+
+@click.group()
+def agent():
+    """What a coding agent needs: one-call context, placements, instructions, a skill.
+
+    Example: gpuctl agent context --json
+    """
+
+
+@agent.command()
+@bus_option
+@json_option
+def context(bus, as_json):
+    """Everything an agent needs in one call: me, what I hold, what is free, the next
+    places, the queue, health, notices, limits and the commands to use.
+
+    Example: gpuctl agent context --json
+    """
+    data = _context(bus)
+    if as_json:
+        emit_json(data)
+        return
+    held = data["holding"]
+    click.echo(f"{data['me']['user']} (uid {data['me']['uid']}) on the {data['daemon']['bus']} bus")
+    click.echo(f"holding: {len(held['claims'])} claim(s), {len(held['bookings'])} booking(s)")
+    free = data["free"]
+    click.echo(f"free now: {len(free['gpus'])} GPU(s) {', '.join(free['gpus']) or ''}".rstrip())
+    for shape, slot in data["next"].items():
+        click.echo(f"next for {shape}: {slot['start'] if slot else 'nowhere'}")
+    click.echo(f"queue: {len(data['queue'])} waiting; health: {data['health']['level']}")
+    for notice in data["notices"]:
+        click.echo(f"NOTICE: {notice['text']}")
+    for what, command in data["commands"].items():
+        click.echo(f"{what}: {command}")
+
+
+def _context(bus) -> dict:
+    from ..booking_calls import now_usec
+    from .bookings import iso_utc, with_times
+
+    with client(bus) as c:
+        state = c.status()
+        mine = c.bookings()
+        gpus = len(state["gpus"])
+        shapes = {"1 GPU for 1h": {"gpus": 1}} if gpus else {}
+        if gpus > 1:
+            shapes[f"{gpus} GPUs for 1h"] = {"gpus": gpus}
+        upcoming = {shape: next(iter(c.slots(3600, count=1, **ask)), None)
+                    for shape, ask in shapes.items()}
+        used = c.bus
+    uid = os.getuid()
+    claims = [c for c in state["claims"] if c["uid"] == uid]
+    free_gpus = [g["alias"] for g in state["gpus"] if g["state"] == "free"]
+    return {
+        "schema": SCHEMA,
+        "now": iso_utc(now_usec()),
+        "me": {"uid": uid, "user": _user(uid), "pid": os.getpid(), "parent_pid": os.getppid()},
+        "daemon": {"version": state["version"], "mode": state["mode"], "bus": used,
+                   "backend": state["backend"]},
+        "holding": {
+            "claims": [{k: c[k] for k in ("id", "mode", "state", "gpus", "gpu_indices",
+                                          "vram_bytes", "pools", "until_usec", "until_booking",
+                                          "task_name", "label")} for c in claims],
+            "bookings": [with_times(b) for b in mine if b["state"] != "ended"],
+        },
+        "free": {
+            "gpus": free_gpus,
+            "vram_bytes": {g["alias"]: g["memory_bytes"] - g["vram_used_bytes"]
+                           for g in state["gpus"] if g["state"] != "claimed"},
+            "pools": {p["name"]: p["free"] for p in state["pools"]},
+        },
+        "next": {shape: with_times(slot) if slot else None for shape, slot in upcoming.items()},
+        "queue": [{k: c[k] for k in ("id", "user", "priority", "gpus_requested", "vram_bytes",
+                                     "pools")}
+                  for ref in state["queue"] for c in state["claims"] if c["id"] == ref],
+        "health": {"level": state["health"]["level"],
+                   "checks": {c["name"]: c["level"] for c in state["health"]["checks"]}},
+        "notices": state.get("notices", []),
+        "limits": state.get("limits", {}),
+        "commands": {
+            "run": "gpuctl run --gpus 1 [--for 2h] [--wait] -- COMMAND",
+            "claim": f"gpuctl claim --gpus 1 --owner-pid {os.getppid()} --task-name WHAT",
+            "use_claim": "gpuctl run --allocation REF -- COMMAND",
+            "release": "gpuctl release --allocation REF",
+            "book": "gpuctl book --gpus 1 --for 1h --at WHEN --op-id ID",
+            "instructions": "gpuctl agent instructions",
+        },
+    }
+
+
+def _user(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+@agent.command()
+@click.option("--gpus", type=click.IntRange(1, 2**32 - 1), help="Whole GPUs.")
+@click.option("--vram", type=Amount(), help="A share of one GPU's memory.")
+@click.option("--ram", type=Amount(), help="Host RAM.")
+@click.option("--cpu", type=Amount(), help="CPU cores.")
+@click.option("--for", "duration", type=Duration(), required=True, help="How long.")
+@bus_option
+@json_option
+def recommend(gpus, vram, ram, cpu, duration, bus, as_json):
+    """Where and when this would fit (nothing is taken), with the command to copy: run it
+    now, or book it for the earliest start.
+
+    Example: gpuctl agent recommend --gpus 2 --for 4h --json
+    """
+    from ..booking_calls import now_usec
+    from ..when import format_span
+    from .bookings import iso_utc
+
+    ask = {k: v for k, v in (("gpus", gpus), ("vram", vram), ("ram", ram), ("cpu", cpu))
+           if v is not None} or {"gpus": 1}
+    with client(bus) as c:
+        found = c.slots(duration, count=1, **ask)
+        free = c.free()
+    amounts = [f"--{k} {v}" for k, v in ask.items()] + [f"--for {format_span(duration)}"]
+    if not found:
+        result = {"fits": False, "reason": "it fits nowhere within the booking horizon"}
+    elif found[0]["start_usec"] <= -(-now_usec() // 1_000_000) * 1_000_000 and (
+            not ask.get("gpus") or free >= ask["gpus"]):
+        result = {"fits": True, "now": True, "gpu_indices": found[0]["gpu_indices"],
+                  "command": f"gpuctl run {' '.join(amounts)} -- COMMAND"}
+    else:
+        start = iso_utc(found[0]["start_usec"])
+        result = {"fits": True, "now": False, "start": start,
+                  "gpu_indices": found[0]["gpu_indices"],
+                  "command": f"gpuctl book {' '.join(amounts)} --at {shlex.quote(start)} "
+                             "--op-id ID"}
+    if as_json:
+        emit_json(result)
+    elif not result["fits"]:
+        click.echo(result["reason"])
+    else:
+        click.echo(result["command"])
+
+
+@agent.command()
+def instructions():
+    """Print the rules an agent follows on this machine (Markdown).
+
+    Example: gpuctl agent instructions > /tmp/gpu-rules.md
+    """
+    click.echo(INSTRUCTIONS, nl=False)
+
+
+@agent.group()
+def skill():
+    """The instructions as an Agent Skill folder (SKILL.md with its front matter).
+
+    Example: gpuctl agent skill install --agent claude
+    """
+
+
+def skill_text() -> str:
+    """SKILL.md: the front matter an agent reads first, then the instructions."""
+    return ("---\n"
+            f"name: {SKILL_NAME}\n"
+            "description: Use before running anything on this machine's GPUs: how to claim, "
+            "run, book and release GPUs through resourced (gpuctl) so other users and agents "
+            "are not disturbed.\n"
+            "---\n\n" + INSTRUCTIONS)
+
+
+@skill.command("install")
+@click.option("--agent", "agent_name", type=click.Choice(["claude", "codex"]), required=True,
+              help="Which agent the skill is for.")
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
+              help="The skills folder (default for claude: ~/.claude/skills; codex: needed).")
+@click.option("--print", "show", is_flag=True, help="Print SKILL.md instead of writing it.")
+def skill_install(agent_name, directory, show):
+    """Write the skill folder resourced-gpus/SKILL.md there, and nothing else anywhere.
+
+    Example: gpuctl agent skill install --agent claude
+    """
+    if show:
+        click.echo(skill_text(), nl=False)
+        return
+    if directory is None:
+        if agent_name not in SKILL_DIRS:
+            raise click.UsageError(f"give --dir: there is no skills folder for {agent_name} "
+                                   "that resourced knows of")
+        directory = Path(SKILL_DIRS[agent_name]).expanduser()
+    target = directory / SKILL_NAME
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "SKILL.md").write_text(skill_text())
+    click.echo(str(target / "SKILL.md"))
