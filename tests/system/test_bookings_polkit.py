@@ -24,11 +24,11 @@ EXIT_USAGE, EXIT_ACCESS_DENIED = 2, 8
 def no_bookings(rig):
     """Each test starts and ends with no live booking (root cancels them all)."""
     def cancel_all():
-        for b in rig.root_call(BUS_NAME, MANAGER_PATH, MANAGER_IFACE, "ListBookings", "a{sv}",
-                               ({"All": ("b", True)},))[0]:
-            if b["State"][1] != "ended":
+        for b in json.loads(rig.root_call(BUS_NAME, MANAGER_PATH, MANAGER_IFACE, "ListBookings",
+                                          "a{sv}", ({"All": ("b", True)},))[0]):
+            if b["state"] != "ended":
                 rig.root_call(BUS_NAME, MANAGER_PATH, MANAGER_IFACE, "CancelBooking", "ssa{sv}",
-                              (b["Id"][1], "test clean-up", {}))
+                              (b["id"], "test clean-up", {}))
     cancel_all()
     yield
     cancel_all()
