@@ -11,8 +11,6 @@ import asyncio
 import os
 import signal
 import threading
-from datetime import datetime
-from pathlib import Path
 
 import pytest
 
@@ -20,48 +18,9 @@ from resourced.client import AsyncClient, Client
 from resourced.errors import InvalidRequest, NoSuchClaim, NotEnoughCapacity, ResourcedError
 
 from ..conftest import eventually
+from .conftest import CLOCK_TIMEOUT, NOW, at
 
 G = 1024**3
-NOW = "2026-12-01T09:00:00Z"
-CLOCK_TIMEOUT = 5.0  # the daemon looks at the clock at least once a second
-
-
-# -- helpers -----------------------------------------------------------------------------
-def at(text: str) -> int:
-    """An ISO instant as microseconds since the epoch."""
-    return int(datetime.fromisoformat(text).timestamp()) * 1_000_000
-
-
-class SimClock:
-    """The simulated clock file; ``set`` moves *now* (replaced whole, never half written)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.set(NOW)
-
-    def set(self, text: str) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(text + "\n")
-        os.replace(tmp, self.path)
-
-
-@pytest.fixture
-def clock(tmp_path, monkeypatch) -> SimClock:
-    """The clock file, at 09:00; this process's clients read it too."""
-    sim = SimClock(tmp_path / "clock")
-    monkeypatch.setenv("RESOURCED_SIMULATED_CLOCK", str(sim.path))
-    monkeypatch.setenv("RESOURCED_SIMULATED_GPUS", "4")
-    return sim
-
-
-@pytest.fixture
-def clocked_daemon(start_daemon, clock):
-    """Start a daemon on ``gpus`` simulated 80G GPUs, on the simulated clock."""
-    def start(gpus: int = 4, runtime_dir=None):
-        return start_daemon(gpus=str(gpus), env={"RESOURCED_SIMULATED_CLOCK": str(clock.path)},
-                            runtime_dir=runtime_dir)
-    return start
-
 
 def client() -> Client:
     return Client(timeout=5)

@@ -16,58 +16,18 @@ import shlex
 import signal
 import subprocess
 import sys
-from datetime import datetime
-from pathlib import Path
 
 import pytest
 
 from resourced.client import Client
 
 from ..conftest import eventually, gpuctl
+from .conftest import CLOCK_TIMEOUT, NOW, at
 
-NOW = "2026-12-01T09:00:00Z"
 HOUR = 3600 * 1_000_000
-CLOCK_TIMEOUT = 5.0  # the daemon looks at the clock at least once a second
 REF = re.compile(r"^b[a-z0-9]+$")
 
 
-# -- the clock and the daemon (as in test_bookings) ----------------------------------------
-def at(text: str) -> int:
-    """An ISO instant as microseconds since the epoch."""
-    moment = datetime.fromisoformat(text)
-    return int(moment.timestamp()) * 1_000_000 + moment.microsecond
-
-
-class SimClock:
-    """The simulated clock file; ``set`` moves *now* (replaced whole, never half written)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.set(NOW)
-
-    def set(self, text: str) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(text + "\n")
-        os.replace(tmp, self.path)
-
-
-@pytest.fixture
-def clock(tmp_path, monkeypatch) -> SimClock:
-    """The clock file, at 09:00; gpuctl and this process's clients read it too."""
-    sim = SimClock(tmp_path / "clock")
-    monkeypatch.setenv("RESOURCED_SIMULATED_CLOCK", str(sim.path))
-    monkeypatch.setenv("RESOURCED_SIMULATED_GPUS", "4")
-    monkeypatch.setenv("TZ", "UTC")
-    return sim
-
-
-@pytest.fixture
-def clocked_daemon(start_daemon, clock, monkeypatch):
-    """Start a daemon on ``gpus`` simulated 80G GPUs, on the simulated clock."""
-    def start(gpus: int = 4):
-        monkeypatch.setenv("RESOURCED_SIMULATED_GPUS", str(gpus))
-        return start_daemon(gpus=str(gpus), env={"RESOURCED_SIMULATED_CLOCK": str(clock.path)})
-    return start
 
 
 @pytest.fixture
