@@ -73,7 +73,7 @@ def span(name: str, value) -> int:
 
 def request_options(gpus=None, duration=None, start=None, gpu_names=None, exclude=None,
                     vram=None, ram=None, cpu=None, pools=None, exclusive=None, op_id=None,
-                    label=None, task_name=None, earliest=False) -> dict:
+                    label=None, task_name=None, earliest=False, dry_run=False) -> dict:
     """``Book``/``EditBooking``/``FindSlots`` options; None leaves a key out (an edit then
     keeps the booking's value)."""
     from .client import UINT32_MAX, _amount, _text, _whole
@@ -100,6 +100,8 @@ def request_options(gpus=None, duration=None, start=None, gpu_names=None, exclud
         options["StartUSec"] = ("t", instant("start", start))
     if earliest:
         options["Earliest"] = ("b", True)
+    if dry_run:
+        options["DryRun"] = ("b", True)
     if exclusive is not None:
         options["Exclusive"] = ("b", bool(exclusive))
     for key, name, value in (("OpID", "op id", op_id), ("Label", "label", label),
@@ -160,18 +162,21 @@ def notice_message(text: str, until=None):
                                     0 if until is None else instant("until", until)))
 
 
-def change_options(op_id: str = "") -> tuple[str, dict]:
+def change_options(op_id: str = "", dry_run: bool = False) -> tuple[str, dict]:
     """The a{sv} of CancelBooking."""
     from .client import _text
 
-    return "a{sv}", ({"OpID": ("s", _text("op id", op_id))} if op_id else {})
+    options = {"OpID": ("s", _text("op id", op_id))} if op_id else {}
+    if dry_run:
+        options["DryRun"] = ("b", True)
+    return "a{sv}", options
 
 
-def end_message(ref: str, by=None, until=None, op_id: str = ""):
+def end_message(ref: str, by=None, until=None, op_id: str = "", dry_run: bool = False):
     """SetBookingEnd: ``by`` a duration past the end it has, or ``until`` a time."""
     if (by is None) == (until is None):
         raise InvalidRequest("give exactly one of by (a duration) or until (a time)")
-    _, options = change_options(op_id)
+    _, options = change_options(op_id, dry_run)
     if by is not None:
         options["ByUSec"] = ("t", span("by", by))
     return ref_message("SetBookingEnd", ref, ("t", 0 if until is None else instant("until", until)),

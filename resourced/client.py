@@ -496,19 +496,21 @@ class Client(_Base):
         msg = b.ref_message("EditBooking", ref, ("a{sv}", b.request_options(**changes)))
         return b.record(self._send(msg)[0])
 
-    def extend(self, ref: str, by=None, until=None, op_id: str = "") -> dict:
+    def extend(self, ref: str, by=None, until=None, op_id: str = "",
+               dry_run: bool = False) -> dict:
         """Move a booking's end: ``by`` a duration past its end, or ``until`` a time
-        (earlier shrinks it, not before now)."""
+        (earlier shrinks it, not before now).  ``dry_run`` (here and on book, edit and
+        cancel): what it would be, decided by the daemon, with nothing changed."""
         from . import booking_calls as b
 
-        return b.record(self._send(b.end_message(ref, by, until, op_id))[0])
+        return b.record(self._send(b.end_message(ref, by, until, op_id, dry_run))[0])
 
-    def cancel(self, ref: str, reason: str = "", op_id: str = "") -> dict:
+    def cancel(self, ref: str, reason: str = "", op_id: str = "", dry_run: bool = False) -> dict:
         """End a booking now; someone else's needs the manage action and a reason."""
         from . import booking_calls as b
 
         msg = b.ref_message("CancelBooking", ref, ("s", _text("reason", reason)),
-                            b.change_options(op_id))
+                            b.change_options(op_id, dry_run))
         return b.record(self._send(msg)[0])
 
     def slots(self, duration, count: int = 3, **request) -> list[dict]:
@@ -739,16 +741,18 @@ class AsyncClient(_Base):
         msg = b.ref_message("EditBooking", ref, ("a{sv}", b.request_options(**changes)))
         return b.record((await self._send(msg))[0])
 
-    async def extend(self, ref: str, by=None, until=None, op_id: str = "") -> dict:
+    async def extend(self, ref: str, by=None, until=None, op_id: str = "",
+                     dry_run: bool = False) -> dict:
         from . import booking_calls as b
 
-        return b.record((await self._send(b.end_message(ref, by, until, op_id)))[0])
+        return b.record((await self._send(b.end_message(ref, by, until, op_id, dry_run)))[0])
 
-    async def cancel(self, ref: str, reason: str = "", op_id: str = "") -> dict:
+    async def cancel(self, ref: str, reason: str = "", op_id: str = "",
+                     dry_run: bool = False) -> dict:
         from . import booking_calls as b
 
         msg = b.ref_message("CancelBooking", ref, ("s", _text("reason", reason)),
-                            b.change_options(op_id))
+                            b.change_options(op_id, dry_run))
         return b.record((await self._send(msg))[0])
 
     async def slots(self, duration, count: int = 3, **request) -> list[dict]:

@@ -37,47 +37,68 @@ log = logging.getLogger("resourced")
 
 
 class CalendarOperations:
-    """Booking, blackout and notice operations of the ``Engine`` (see the module)."""
-    async def book(self, caller: Caller, request: BookingRequest, op_id: str = "") -> tuple[Booking, str]:
+    """Booking, blackout and notice operations of the ``Engine`` (see the module).
+
+    ``dry_run`` on a change decides it by the calendar's real admission, answers what it
+    would be, and undoes it: nothing is recorded, published or remembered (op ids
+    included)."""
+
+    async def book(self, caller: Caller, request: BookingRequest, op_id: str = "",
+                   dry_run: bool = False) -> tuple[Booking, str]:
         """Admit a booking (or answer the first result of a replayed ``op_id``): created |
-        exists."""
+        exists, or dry-run."""
         user = await self._user_name(caller.uid)
         self.run_due()
         booking, status, events = self.calendar.book(
-            request, self._new_id("b"), caller.uid, user, self._booking_now(), op_id)
-        self._calendar_changed(events, undo=[(booking.id, None)])
+            request, self._new_id("b"), caller.uid, user, self._booking_now(),
+            "" if dry_run else op_id)
+        if self._settle(events, [(booking.id, None)], dry_run):
+            return booking, "dry-run"
         return self.calendar.bookings[booking.id], status
 
     def edit_booking(self, caller: Caller, booking_id: str, request: BookingRequest,
-                     admin: bool = False, op_id: str = "") -> Booking:
+                     admin: bool = False, op_id: str = "", dry_run: bool = False) -> Booking:
         self.run_due()
         old = self.calendar.bookings.get(booking_id)
         booking, events = self.calendar.edit(booking_id, request, caller.uid,
-                                             self._booking_now(), admin, op_id)
-        self._calendar_changed(events, undo=[(booking_id, old)])
+                                             self._booking_now(), admin, "" if dry_run else op_id)
+        self._settle(events, [(booking_id, old)], dry_run)
         return booking
 
     def set_booking_end(self, caller: Caller, booking_id: str, end_usec: int,
-                        admin: bool = False, op_id: str = "", by_usec: int = 0) -> Booking:
+                        admin: bool = False, op_id: str = "", by_usec: int = 0,
+                        dry_run: bool = False) -> Booking:
         self.run_due()
         old = self.calendar.bookings.get(booking_id)
         booking, events = self.calendar.set_end(booking_id, end_usec, caller.uid,
-                                                self._booking_now(), admin, op_id, by_usec)
-        self._calendar_changed(events, undo=[(booking_id, old)])
+                                                self._booking_now(), admin,
+                                                "" if dry_run else op_id, by_usec)
+        self._settle(events, [(booking_id, old)], dry_run)
         return booking
 
     def cancel_booking(self, caller: Caller, booking_id: str, reason: str = "",
-                       admin: bool = False, op_id: str = "") -> Booking:
+                       admin: bool = False, op_id: str = "", dry_run: bool = False) -> Booking:
         self.run_due()
         old = self.calendar.bookings.get(booking_id)
         booking, events = self.calendar.cancel(booking_id, caller.uid, self.clock(), admin,
-                                               reason, op_id)
+                                               reason, "" if dry_run else op_id)
+        if self._settle(events, [(booking_id, old)], dry_run):
+            return booking
         if events and reason and caller.uid != booking.uid:
             audit(f"booking {booking_id} of {booking.user or booking.uid} {booking.ended} by uid "
                   f"{caller.uid}: {reason}", priority=4, uid=booking.uid, event="booking-cancelled",
                   reason=reason)
-        self._calendar_changed(events, undo=[(booking_id, old)])
         return booking
+
+    def _settle(self, events: list[BookingEvent], undo, dry_run: bool) -> bool:
+        """Make a calendar change take effect, or (``dry_run``) undo it; True if undone."""
+        if dry_run:
+            if events:
+                for booking_id, old in undo:
+                    self.calendar.put_back(booking_id, old)
+            return True
+        self._calendar_changed(events, undo)
+        return False
 
     def add_blackout(self, caller: Caller, start_usec: int, end_usec: int, reason: str) -> tuple[Blackout, list[Booking]]:
         """Block a window for new bookings; returns it and the bookings already in it."""

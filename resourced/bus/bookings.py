@@ -22,21 +22,23 @@ from .options import parse_options
 BOOK_OPTIONS = {
     "GPUs": "u", "GPUNames": "as", "Exclude": "as", "VRAMBytes": "t", "Pools": "a{st}",
     "DurationUSec": "t", "StartUSec": "t", "Earliest": "b", "Exclusive": "b",
-    "OpID": "s", "Label": "s", "TaskName": "s",
+    "OpID": "s", "Label": "s", "TaskName": "s", "DryRun": "b",
 }
 """``Book``, ``EditBooking`` and ``FindSlots`` options.  No ``StartUSec`` (or
 ``Earliest``): the earliest start that fits."""
-CHANGE_OPTIONS = {"OpID": "s"}
+CHANGE_OPTIONS = {"OpID": "s", "DryRun": "b"}
 """``CancelBooking`` options: OpID makes it retry-safe too."""
-END_OPTIONS = {"OpID": "s", "ByUSec": "t"}
+END_OPTIONS = {"OpID": "s", "ByUSec": "t", "DryRun": "b"}
 """``SetBookingEnd`` options: ByUSec extends by that much past the end it has."""
 LIST_OPTIONS = {"All": "b", "SinceUSec": "t", "UntilUSec": "t", "Offset": "u", "Limit": "u"}
 MAX_PAGE = 10_000
 MAX_SLOTS = 20
 
 
-def booking_request(options: dict, gpu_uuid, base: Booking | None = None) -> tuple[BookingRequest, str]:
-    """The request the options describe (over ``base``'s, for an edit) and the op id;
+def booking_request(options: dict, gpu_uuid,
+                    base: Booking | None = None) -> tuple[BookingRequest, str, bool]:
+    """The request the options describe (over ``base``'s, for an edit), the op id, and
+    whether it is a dry run;
     ``gpu_uuid`` resolves a GPU's name (alias, index, UUID) to its UUID."""
     opts = parse_options(options, BOOK_OPTIONS)
     old = base.request if base is not None else None
@@ -65,7 +67,7 @@ def booking_request(options: dict, gpu_uuid, base: Booking | None = None) -> tup
         exclusive=opts.get("Exclusive", old.exclusive if old else False),
         label=opts.get("Label", old.label if old else ""),
         task_name=opts.get("TaskName", old.task_name if old else ""))
-    return request, opts.get("OpID", "")
+    return request, opts.get("OpID", ""), opts.get("DryRun", False)
 
 
 def list_filter(options: dict) -> dict:

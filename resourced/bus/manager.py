@@ -251,11 +251,11 @@ class ManagerInterface(Interface):
     @dbus_method()
     @bus_errors
     async def Book(self, options: "a{sv}") -> "sa{sv}":
-        request, op_id = booking_request(options, self._gpu_uuid)
+        request, op_id, dry_run = booking_request(options, self._gpu_uuid)
         caller = await self.credentials.caller()
         await self.authority.check(current_call.get(), caller.uid, RESERVE, {
             "gpus": str(request.demand.gpus), "duration_usec": str(request.duration_usec)})
-        booking, status = await self.engine.book(caller, request, op_id)
+        booking, status = await self.engine.book(caller, request, op_id, dry_run)
         return [status, self._record(booking)]
 
     @dbus_method()
@@ -263,8 +263,9 @@ class ManagerInterface(Interface):
     async def EditBooking(self, booking_id: "s", options: "a{sv}") -> "a{sv}":
         caller, admin = await self._owner_or_admin(booking_id)
         base = self.engine.booking(booking_id)
-        request, op_id = booking_request(options, self._gpu_uuid, base)
-        return self._record(self.engine.edit_booking(caller, booking_id, request, admin, op_id))
+        request, op_id, dry_run = booking_request(options, self._gpu_uuid, base)
+        return self._record(self.engine.edit_booking(caller, booking_id, request, admin, op_id,
+                                                     dry_run))
 
     @dbus_method()
     @bus_errors
@@ -274,15 +275,17 @@ class ManagerInterface(Interface):
             raise InvalidRequest("give either an end (end_usec) or ByUSec, not both or neither")
         caller, admin = await self._owner_or_admin(booking_id)
         return self._record(self.engine.set_booking_end(
-            caller, booking_id, end_usec, admin, opts.get("OpID", ""), opts.get("ByUSec", 0)))
+            caller, booking_id, end_usec, admin, opts.get("OpID", ""), opts.get("ByUSec", 0),
+            opts.get("DryRun", False)))
 
     @dbus_method()
     @bus_errors
     async def CancelBooking(self, booking_id: "s", reason: "s", options: "a{sv}") -> "a{sv}":
-        op_id = parse_options(options, CHANGE_OPTIONS).get("OpID", "")
+        opts = parse_options(options, CHANGE_OPTIONS)
         caller, admin = await self._owner_or_admin(booking_id)
         return self._record(self.engine.cancel_booking(caller, booking_id, reason, admin,
-                                                       op_id))
+                                                       opts.get("OpID", ""),
+                                                       opts.get("DryRun", False)))
 
     @dbus_method()
     @bus_errors
@@ -310,7 +313,7 @@ class ManagerInterface(Interface):
         """The earliest ``count`` starts where a booking would fit (read-only)."""
         if not 1 <= count <= MAX_SLOTS:
             raise InvalidRequest(f"count must be from 1 to {MAX_SLOTS}")
-        request, _ = booking_request(options, self._gpu_uuid)
+        request, _, _ = booking_request(options, self._gpu_uuid)
         gpus = self.engine.ledger.gpus
         return [{"StartUSec": Variant("t", start),
                  "EndUSec": Variant("t", start + request.duration_usec),

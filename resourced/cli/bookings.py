@@ -24,6 +24,11 @@ MAX_ROWS = 50
 """Bookings a table shows: a person does not read 5,000 lines; --json has them all."""
 
 
+dry_run_option = click.option(
+    "--dry-run", is_flag=True,
+    help="Say what it would do, decided by the daemon's real admission; change nothing.")
+
+
 class When(click.ParamType):
     """A moment: ``now``, ``+30m``, ``20:00``, ``tomorrow 09:00``, ``mon 09:00``, ISO 8601."""
 
@@ -108,16 +113,17 @@ def _request(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task
               "tomorrow 09:00, an ISO time (local unless it has a zone).")
 @click.option("--op-id", default=None, metavar="ID",
               help="Retry-safe: the same request with the same id answers the first result.")
+@dry_run_option
 @bus_option
 @json_option
 def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_name, duration,
-         start, op_id, bus, as_json):
+         start, op_id, dry_run, bus, as_json):
     """Book GPUs and/or pool amounts for a time window, all or nothing over all of it.
 
     With --at it is placed exactly then or refused (exit 3, naming the nearest start that
     fits); without, it takes the earliest start that fits from now. Prints the reference;
-    with --json an object with status (created, queued: it starts later than now, or
-    exists: an --op-id replayed) and the booking.
+    with --json an object with status (created, queued: it starts later than now,
+    exists: an --op-id replayed, or dry-run) and the booking.
 
     Example: gpuctl book --gpus 1 --for 2h --at 20:00 --ram 32G
     """
@@ -129,18 +135,21 @@ def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_nam
         request["op_id"] = op_id
     now = now_usec()
     with client(bus) as c:
-        result = c.book(duration, start=None if start is None else start / 1e6, **request)
+        result = c.book(duration, start=None if start is None else start / 1e6,
+                        dry_run=dry_run, **request)
     booking = result["booking"]
     if result["status"] == "created" and start is None and booking["start_usec"] > now:
         result["status"] = "queued"
     if as_json:
         emit_json({**result, "booking": with_times(booking)})
         return
-    click.echo(booking["id"])
+    if not dry_run:
+        click.echo(booking["id"])
     where = ", ".join(f"gpu{i}" for i in booking["gpu_indices"]) or "pools"
     span = f"{_when(booking['start_usec'])} to {_when(booking['end_usec'])}"
     said = {"created": "booked", "queued": "queued to start at the earliest fit:",
-            "exists": "already booked (same --op-id):"}[result["status"]]
+            "exists": "already booked (same --op-id):",
+            "dry-run": "would book (nothing booked):"}[result["status"]]
     click.echo(f"gpuctl: {said} {where}, {span}", err=True)
 
 
@@ -185,10 +194,11 @@ def bookings(all_users, since, bus, as_json):
 @click.option("--for", "duration", type=Duration(), help="A new duration.")
 @click.option("--until", type=When(), help="A new end.")
 @click.option("--op-id", default=None, metavar="ID", help="Retry-safe: a replay changes nothing.")
+@dry_run_option
 @bus_option
 @json_option
 def edit(ref, gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_name, start,
-         earliest, duration, until, op_id, bus, as_json):
+         earliest, duration, until, op_id, dry_run, bus, as_json):
     """Change a booking that has not started; what is not given stays as it is.
 
     It is admitted again against the calendar without itself (exit 3 if it no longer
@@ -221,8 +231,8 @@ def edit(ref, gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, tas
             changes["op_id"] = op_id
         if not changes:
             raise click.UsageError("nothing to change: give --at, --for, --gpus, ...")
-        booking = c.edit(ref, **changes)
-    _show_one(booking, as_json)
+        booking = c.edit(ref, **changes, dry_run=dry_run)
+    _show_one(booking, as_json, dry_run)
 
 
 @click.command()
@@ -230,9 +240,10 @@ def edit(ref, gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, tas
 @click.option("--by", type=Duration(), help="Add this much to its end.")
 @click.option("--until", type=When(), help="End then instead (earlier shrinks it, not before now).")
 @click.option("--op-id", default="", metavar="ID", help="Retry-safe: a replay changes nothing.")
+@dry_run_option
 @bus_option
 @json_option
-def extend(ref, by, until, op_id, bus, as_json):
+def extend(ref, by, until, op_id, dry_run, bus, as_json):
     """Move a booking's end: later (admitted on the added part only) or earlier (what is
     given back is free at once).
 
@@ -241,17 +252,19 @@ def extend(ref, by, until, op_id, bus, as_json):
     if (by is None) == (until is None):
         raise click.UsageError("give exactly one of --by or --until")
     with client(bus) as c:
-        booking = c.extend(ref, by=by, until=None if until is None else until / 1e6, op_id=op_id)
-    _show_one(booking, as_json)
+        booking = c.extend(ref, by=by, until=None if until is None else until / 1e6, op_id=op_id,
+                           dry_run=dry_run)
+    _show_one(booking, as_json, dry_run)
 
 
 @click.command()
 @click.argument("ref")
 @click.option("--reason", default="", help="Why (needed for someone else's booking).")
 @click.option("--op-id", default="", metavar="ID", help="Retry-safe: a replay changes nothing.")
+@dry_run_option
 @bus_option
 @json_option
-def cancel(ref, reason, op_id, bus, as_json):
+def cancel(ref, reason, op_id, dry_run, bus, as_json):
     """Cancel a booking (an active one gives its GPUs back at once).
 
     Someone else's booking needs the administrators' polkit action and a --reason, which
@@ -260,8 +273,8 @@ def cancel(ref, reason, op_id, bus, as_json):
     Example: gpuctl cancel b3x9k2q
     """
     with client(bus) as c:
-        booking = c.cancel(ref, reason, op_id=op_id)
-    _show_one(booking, as_json)
+        booking = c.cancel(ref, reason, op_id=op_id, dry_run=dry_run)
+    _show_one(booking, as_json, dry_run)
 
 
 @click.command()
@@ -463,13 +476,14 @@ def timeline(hours, width, bus, as_json):
 
 
 # -- shown -------------------------------------------------------------------------------
-def _show_one(booking: dict, as_json: bool) -> None:
+def _show_one(booking: dict, as_json: bool, dry_run: bool = False) -> None:
     if as_json:
-        emit_json(with_times(booking))
+        emit_json({**with_times(booking), "dry_run": dry_run})
         return
     where = ", ".join(f"gpu{i}" for i in booking["gpu_indices"]) or "pools"
     state = booking["state"] if booking["state"] != "ended" else booking["ended"]
-    click.echo(f"{booking['id']}: {state}, {where}, {_when(booking['start_usec'])} to "
+    would = "would be (nothing changed): " if dry_run else ""
+    click.echo(f"{booking['id']}: {would}{state}, {where}, {_when(booking['start_usec'])} to "
                f"{_when(booking['end_usec'])}")
 
 

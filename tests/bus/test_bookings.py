@@ -744,3 +744,21 @@ def test_kill_9_during_a_burst_of_bookings_loses_no_acknowledged_booking(clocked
     assert set(acknowledged) <= set(ids)
     assert len(ids) == len(set(ids))
     assert_never_double_booked(listed)
+
+
+def test_a_dry_run_is_decided_by_the_real_admission_and_changes_nothing(clocked_daemon):
+    clocked_daemon(gpus=2)
+    with client() as c:
+        kept = c.book("1h", gpus=2, start="2026-12-01T10:00:00Z")["booking"]
+        before = c.bookings(all_users=True)
+        would = c.book("1h", gpus=1, start="2026-12-01T11:00:00Z", op_id="dry", dry_run=True)
+        assert would["status"] == "dry-run" and would["booking"]["gpu_indices"] == [0]
+        unchanged(lambda: c.book("1h", gpus=1, start="2026-12-01T10:30:00Z", dry_run=True),
+                  NotEnoughCapacity, "nearest start")
+        assert c.extend(kept["id"], by="1h", dry_run=True)["end_usec"] == at("2026-12-01T12:00:00Z")
+        assert c.edit(kept["id"], label="x", dry_run=True)["label"] == "x"
+        assert c.cancel(kept["id"], dry_run=True)["ended"] == "cancelled"
+        assert c.bookings(all_users=True) == before  # nothing of it happened
+        # The op id of a dry run was not taken.
+        real = c.book("1h", gpus=1, start="2026-12-01T11:00:00Z", op_id="dry")
+        assert real["status"] == "created"

@@ -826,3 +826,18 @@ def test_every_calendar_subcommand_help_ends_with_an_example(argv):
     description = r.stdout.split("\nOptions:\n", 1)[0].rstrip()
     assert description.split("\n\n")[-1].strip().startswith("Example: gpuctl " + " ".join(argv)), \
         r.stdout
+
+
+def test_dry_run_says_what_would_happen_and_changes_nothing(clocked_daemon):
+    clocked_daemon(gpus=2)
+    ref = ok("book", "--gpus", "1", "--for", "1h", "--at", "10:00").strip()
+    before = ok_json("bookings", "--all", "--json")
+    dry = ctl("book", "--gpus", "2", "--for", "1h", "--at", "12:00", "--dry-run")
+    assert dry.returncode == 0 and dry.stdout == "" and "would book" in dry.stderr
+    assert ok_json("book", "--gpus", "1", "--for", "1h", "--dry-run", "--json")["status"] == \
+        "dry-run"
+    assert "would be" in ok("extend", ref, "--by", "1h", "--dry-run")
+    assert ok_json("cancel", ref, "--dry-run", "--json")["dry_run"] is True
+    refused("book", "--gpus", "2", "--for", "1h", "--at", "10:30", "--dry-run", code=3,
+            match="nearest start")
+    assert ok_json("bookings", "--all", "--json") == before
