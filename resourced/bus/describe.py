@@ -14,7 +14,6 @@ from .. import __version__
 from ..core.claims import Claim
 from ..core.inventory import pci_order
 
-
 LIMITS = ("max_claims_per_user", "max_waiting_per_user", "max_bookings_per_user",
           "longest_booking", "booking_horizon", "warn_before")
 """The configured limits every user is under (root is exempt from the per-user ones)."""

@@ -20,9 +20,8 @@ from dbus_fast.service import dbus_method, dbus_property, dbus_signal
 from .. import __version__
 from ..config import ConfigError
 from ..core import health as health_levels
-from ..core.claims import Demand
 from ..core.calendar import BookingEvent, Notice
-from ..core.claims import BOOKING
+from ..core.claims import BOOKING, Demand
 from ..core.ledger import (
     ClaimEnding,
     ClaimGranted,
