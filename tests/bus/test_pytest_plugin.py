@@ -1,0 +1,56 @@
+"""The pytest plugin, through pytest's own pytester: marked tests run on claimed GPUs."""
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+TESTS = """
+import os, pytest
+
+@pytest.mark.gpu(2)
+def test_two(): 
+    assert len(os.environ["CUDA_VISIBLE_DEVICES"].split(",")) == 2
+    print("ref", os.environ["RESOURCED_ALLOCATION"])
+
+@pytest.mark.gpu
+def test_one():
+    assert len(os.environ["CUDA_VISIBLE_DEVICES"].split(",")) == 1
+
+def test_plain():
+    assert "RESOURCED_ALLOCATION" not in os.environ
+"""
+
+
+def test_marked_tests_run_on_one_session_claim_released_at_the_end(start_daemon, pytester):
+    start_daemon(gpus=4)
+    from resourced.client import Client
+
+    pytester.makepyfile(TESTS)
+    result = pytester.runpytest_subprocess("-s")
+    result.assert_outcomes(passed=3)
+    assert "ref c" in result.stdout.str()
+    with Client() as c:
+        assert c.status()["claims"] == []  # released at the end of the session
+
+
+def test_without_room_marked_tests_are_skipped_with_the_reason(start_daemon, pytester):
+    daemon = start_daemon(gpus=1)
+    from resourced.client import Client
+
+    with Client() as c:
+        ref = c.claim(mode="dev", gpus=1, owner_pid=daemon.proc.pid)["allocation"]["ref"]
+        pytester.makepyfile(TESTS)
+        result = pytester.runpytest_subprocess("-rs")
+        result.assert_outcomes(passed=1, skipped=2)
+        result.stdout.fnmatch_lines(["*resourced: NotEnoughGPUs*"])
+        c.release(ref)
+
+
+@pytest.mark.usefixtures("start_daemon")
+def test_with_no_daemon_they_are_skipped(pytester, monkeypatch, tmp_path):
+    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", f"unix:path={tmp_path}/nothing")
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/nothing")
+    pytester.makepyfile(TESTS)
+    result = pytester.runpytest_subprocess("-rs")
+    result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.fnmatch_lines(["*resourced: DaemonUnreachable*"])
