@@ -478,7 +478,7 @@ def timeline(hours, width, bus, as_json):
 # -- shown -------------------------------------------------------------------------------
 def _show_one(booking: dict, as_json: bool, dry_run: bool = False) -> None:
     if as_json:
-        emit_json({**with_times(booking), "dry_run": dry_run})
+        emit_json({**with_times(booking), **({"dry_run": True} if dry_run else {})})
         return
     where = ", ".join(f"gpu{i}" for i in booking["gpu_indices"]) or "pools"
     state = booking["state"] if booking["state"] != "ended" else booking["ended"]
