@@ -40,6 +40,7 @@ def local_now(usec: int | None = None) -> datetime:
 def instant(name: str, value, now: int | None = None) -> int:
     """A moment as microseconds since the epoch; one typed as text (``+1h``) is taken to
     the next whole second, as the daemon places bookings (so back to back stays so)."""
+    from .core.clock import whole_second
     from .when import parse_when, usec
 
     if isinstance(value, str):
@@ -47,7 +48,7 @@ def instant(name: str, value, now: int | None = None) -> int:
             exact = usec(parse_when(value, local_now(now)))
         except ValueError as exc:
             raise InvalidRequest(f"{name}: {exc}") from None
-        return -(-exact // 1_000_000) * 1_000_000
+        return whole_second(exact)
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise InvalidRequest(f"{name} must be an aware datetime (with a zone)")

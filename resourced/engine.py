@@ -40,7 +40,7 @@ from .core.claims import (
     Demand,
     ProcessRef,
 )
-from .core.clock import Clock, Deadlines, wall_clock
+from .core.clock import Clock, Deadlines, utc_text, wall_clock
 from .core.inventory import Gpu
 from .core.ledger import (
     ClaimEnding,
@@ -55,7 +55,7 @@ from .core.ledger import (
 )
 from .core.pools import Pool
 from .core.verify import GpuReport, SeenProcess, verify
-from .engine_calendar import CalendarOperations, booking_limits, utc_text
+from .engine_calendar import CalendarOperations, booking_limits
 from .errors import (
     Internal,
     InvalidRequest,

@@ -12,7 +12,6 @@ again.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from .config import DaemonConfig
@@ -27,6 +26,7 @@ from .core.calendar import (
     Limits,
     Notice,
 )
+from .core.clock import utc_text, whole_second
 from .errors import Internal, InvalidRequest, NoSuchClaim, quoted
 from .sd import audit
 
@@ -164,7 +164,7 @@ class CalendarOperations:
         """Now, rounded up to the second, for placing bookings: the starts and ends they
         get are then whole seconds, which every time a person types can name (a slot or a
         nearest start shown to the second is one that can be booked)."""
-        return -(-self.clock() // 1_000_000) * 1_000_000
+        return whole_second(self.clock())
 
     def _calendar_changed(self, events: list[BookingEvent], undo=()) -> None:
         """Record booking events (undoing them if that fails: nothing is acknowledged that a
@@ -228,5 +228,3 @@ def booking_limits(settings: DaemonConfig) -> Limits:
                   per_user=settings.max_bookings_per_user, retention=settings.booking_retention)
 
 
-def utc_text(usec: int) -> str:
-    return datetime.fromtimestamp(usec / 1e6, UTC).isoformat(timespec="seconds")

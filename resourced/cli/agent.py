@@ -166,6 +166,7 @@ def recommend(gpus, vram, ram, cpu, duration, bus, as_json):
     Example: gpuctl agent recommend --gpus 2 --for 4h --json
     """
     from ..booking_calls import now_usec
+    from ..core.clock import whole_second
     from ..when import format_span
     from .bookings import iso_utc
 
@@ -177,7 +178,7 @@ def recommend(gpus, vram, ram, cpu, duration, bus, as_json):
     amounts = [f"--{k} {v}" for k, v in ask.items()] + [f"--for {format_span(duration)}"]
     if not found:
         result = {"fits": False, "reason": "it fits nowhere within the booking horizon"}
-    elif found[0]["start_usec"] <= -(-now_usec() // 1_000_000) * 1_000_000 and (
+    elif found[0]["start_usec"] <= whole_second(now_usec()) and (
             not ask.get("gpus") or free >= ask["gpus"]):
         result = {"fits": True, "now": True, "gpu_indices": found[0]["gpu_indices"],
                   "command": f"gpuctl run {' '.join(amounts)} -- COMMAND"}

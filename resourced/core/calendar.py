@@ -23,11 +23,10 @@ refused.
 import hashlib
 import json
 from dataclasses import asdict, dataclass, replace
-from datetime import UTC, datetime
 
 from ..errors import InvalidRequest, NoSuchClaim, NotClaimOwner, NotEnoughCapacity, quoted
 from .claims import Demand, check_text
-from .clock import LAST_INSTANT, Deadlines
+from .clock import LAST_INSTANT, Deadlines, utc_text
 from .pools import format_amount
 from .timeline import Hold, Timeline
 
@@ -413,7 +412,7 @@ class Calendar:
         if nearest is None:
             return f"{_describe(demand)} {why}, and never fits"
         where = ", ".join(self.labels.get(u, u) for u in _gpus(*nearest[1:])) or "the pools"
-        return (f"{_describe(demand)} {why}; the nearest start that fits: {_when(nearest[0])} "
+        return (f"{_describe(demand)} {why}; the nearest start that fits: {utc_text(nearest[0])} "
                 f"on {where}")
 
     def _check_request(self, request: BookingRequest) -> None:
@@ -530,11 +529,6 @@ def _describe(d: Demand) -> str:
         parts.append(f"VRAM {format_amount(d.vram, 'bytes')}")
     parts += [f"{name} {amount}" for name, amount in d.pools]
     return ", ".join(parts)
-
-
-def _when(usec: int) -> str:
-    """An instant for a message: ISO 8601 in UTC (the client shows local time)."""
-    return datetime.fromtimestamp(usec / 1e6, UTC).isoformat(timespec="seconds")
 
 
 def _span(seconds: float) -> str:

@@ -12,6 +12,7 @@ import heapq
 import itertools
 import time
 from collections.abc import Callable, Hashable
+from datetime import UTC, datetime
 
 Clock = Callable[[], int]
 """Returns now, in microseconds since the Unix epoch."""
@@ -22,6 +23,17 @@ LAST_INSTANT = 253_402_300_799_999_999
 
 def wall_clock() -> int:
     return time.time_ns() // 1000
+
+
+def whole_second(usec: int) -> int:
+    """``usec`` rounded up to the second: where bookings are placed from (a time a person
+    types or reads to the second then names it exactly)."""
+    return -(-usec // 1_000_000) * 1_000_000
+
+
+def utc_text(usec: int) -> str:
+    """An instant for a message or a log: ISO 8601 in UTC, to the second."""
+    return datetime.fromtimestamp(usec / 1e6, UTC).isoformat(timespec="seconds")
 
 
 class ManualClock:
