@@ -37,6 +37,14 @@ def local_now(usec: int | None = None) -> datetime:
     return moment(now_usec() if usec is None else usec, UTC).astimezone()
 
 
+def local_text(usec: int, now: int | None = None) -> str:
+    """An instant as a table shows it: ``today 20:00``, in local time, relative to now."""
+    from .when import format_when, moment
+
+    here = local_now(now)
+    return format_when(moment(usec, here.tzinfo), here)
+
+
 def instant(name: str, value, now: int | None = None) -> int:
     """A moment as microseconds since the epoch; one typed as text (``+1h``) is taken to
     the next whole second, as the daemon places bookings (so back to back stays so)."""

@@ -9,11 +9,12 @@ everyone within a second.
 """
 
 import os
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 from .backends import SIMULATION_VARIABLE
 from .core.clock import Clock, wall_clock
+from .when import usec
 
 CLOCK_VARIABLE = "RESOURCED_SIMULATED_CLOCK"
 
@@ -49,8 +50,7 @@ def parse_instant(text: str) -> int:
                          f"not {text[:40]!r}") from None
     if moment.tzinfo is None:
         raise ValueError(f"the instant {text[:40]!r} has no zone: end it with Z for UTC")
-    delta = moment.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)
-    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return usec(moment)
 
 
 def clock_from_env(environ=os.environ) -> tuple[Clock, bool]:

@@ -505,11 +505,9 @@ def iso_utc(usec: int) -> str:
 
 
 def _when(usec: int) -> str:
-    from ..booking_calls import local_now
-    from ..when import format_when, moment
+    from ..booking_calls import local_text
 
-    now = local_now()
-    return format_when(moment(usec, now.tzinfo), now)
+    return local_text(usec)
 
 
 def _wants(b: dict) -> str:

@@ -50,10 +50,13 @@ def render_status(data: dict, now: float) -> str:
     lines.append(f"{data['free']} of {total} GPU(s) free ({data['backend']} backend)")
     if data.get("backend_note"):
         lines.append(f"note: {data['backend_note']}")
+    from ..booking_calls import local_text
+
     ending = [c for c in data["claims"] if c.get("until_usec") and c["state"] == "granted"]
     for c in sorted(ending, key=lambda c: c["until_usec"]):
         why = f"booking {c['until_booking']} starts" if c["until_booking"] else "it ends"
-        lines.append(f"{c['id']} holds until {_when(c['until_usec'], now)} ({why})")
+        lines.append(f"{c['id']} holds until {local_text(c['until_usec'], int(now * 1e6))} "
+                     f"({why})")
     if data.get("bookings_scheduled"):
         lines.append(f"{data['bookings_scheduled']} booking(s) ahead (gpuctl bookings --all, "
                      "gpuctl timeline)")
@@ -77,14 +80,6 @@ def render_status(data: dict, now: float) -> str:
             lines.append(f"... and {len(data['queue']) - MAX_WAITERS} more waiting "
                          "(gpuctl queue lists them all)")
     return "\n".join(lines)
-
-
-def _when(usec: int, now: float) -> str:
-    from ..booking_calls import local_now
-    from ..when import format_when, moment
-
-    here = local_now(int(now * 1e6))
-    return format_when(moment(usec, here.tzinfo), here)
 
 
 def table(rows) -> list[str]:
