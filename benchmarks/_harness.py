@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from resourced.privatebus import PrivateBus
 
@@ -119,6 +120,14 @@ def wait_ready(proc: subprocess.Popen, log, timeout: float | None = None) -> Non
                 raise RuntimeError(f"daemon not ready after {timeout}s ({exc}):\n"
                                    f"{log.read()}") from exc
             time.sleep(0.02)
+
+
+def rss_mb(pid: int) -> float:
+    """A process's resident memory (VmRSS), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

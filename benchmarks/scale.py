@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _harness import _tmpfs, clean_env, machine_line, percentile, wait_ready
+from _harness import _tmpfs, clean_env, machine_line, percentile, rss_mb, wait_ready
 from jeepney.low_level import HeaderFields
 
 from resourced.client import Client
@@ -105,10 +105,7 @@ class Daemon:
         self.start()
 
     def rss_mb(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
+        return rss_mb(self.proc.pid)
 
     def problems(self) -> list[str]:
         self.log.flush()

@@ -77,7 +77,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from _harness import _tmpfs, clean_env, machine_line, summary, wait_ready
+from _harness import _tmpfs, clean_env, machine_line, rss_mb, summary, wait_ready
 
 from resourced.client import Client
 from resourced.privatebus import PrivateBus
@@ -306,10 +306,7 @@ class Ours:
         return time.perf_counter() - t0
 
     def rss_mb(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
+        return rss_mb(self.proc.pid)
 
     def problems(self) -> list[str]:
         self.log.flush()

@@ -398,8 +398,8 @@ class Ledger:
     def _view(self, busy: frozenset[str]) -> View:
         free = [g.uuid for g in self.free_gpus()]
         usable = [u for u in free if u not in busy]
-        usable.sort(key=self._booked_from, reverse=True)  # those never booked, then later ones
         booked_from = {u: self._booked_from(u) for u in self.gpus} if self.timeline.holds else {}
+        usable.sort(key=lambda u: booked_from.get(u, 0), reverse=True)  # unbooked, then latest
         vram = {u: self.gpus[u].memory_bytes - self.vram_used(u)
                 for u in self.gpus if u not in self._holder and (u in usable or self._shares.get(u))}
         pools = {name: self.pool_free(name) for name in self.pools}

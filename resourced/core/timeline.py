@@ -269,9 +269,9 @@ class Timeline:
 
         Whole GPUs first bound it from below: the ``demand.gpus``-th earliest instant from
         which a GPU is free for the duration."""
-        gpus = [u for u in self.memory if allowed is None or u in allowed]
         floor = not_before
         if demand.gpus and duration is not None:
+            gpus = [u for u in self.memory if allowed is None or u in allowed]
             frees = sorted(t for t in (self._on_gpu[u].free_from(not_before, duration, ignore)
                                        for u in gpus) if t is not None)
             if len(frees) < demand.gpus:
@@ -280,10 +280,8 @@ class Timeline:
         found = self.fit(demand, floor, duration, ignore, allowed, blocked)
         if found is not None:
             return floor, *found
-        indexes = [self._of_pool[name] for name, _ in demand.pools]
-        if demand.gpus or demand.vram:
-            indexes += [self._on_gpu[u] for u in gpus]
-        ends = {h.end for index in indexes for h in index.bounded_over(floor, None, ignore)}
+        ends = {h.end for index in self._indexes_of(demand, allowed)
+                for h in index.bounded_over(floor, None, ignore)}
         ends |= {end for _, end in blocked}
         for start in sorted(e for e in ends if e > floor):
             found = self.fit(demand, start, duration, ignore, allowed, blocked)
@@ -299,12 +297,8 @@ class Timeline:
         """The latest start in ``[not_before, before)`` where ``demand`` fits for
         ``duration``: a window that cannot move later ends where a hold or a blocked
         window starts, so those (less the duration) are the starts to try."""
-        gpus = [u for u in self.memory if allowed is None or u in allowed]
-        indexes = [self._of_pool[name] for name, _ in demand.pools]
-        if demand.gpus or demand.vram:
-            indexes += [self._on_gpu[u] for u in gpus]
-        starts = {h.start for index in indexes for h in index.over(not_before, before + duration)
-                  if h.id not in ignore}
+        starts = {h.start for index in self._indexes_of(demand, allowed)
+                  for h in index.over(not_before, before + duration) if h.id not in ignore}
         starts |= {start for start, _ in blocked}
         tries = {s - duration for s in starts} | {not_before}
         for start in sorted((t for t in tries if not_before <= t < before), reverse=True):
@@ -312,6 +306,14 @@ class Timeline:
             if found is not None:
                 return start, *found
         return None
+
+    def _indexes_of(self, demand: Demand, allowed: frozenset[str] | None) -> list[_Index]:
+        """The indexes whose holds can be in ``demand``'s way: its pools', and the allowed
+        GPUs' when it wants GPUs or VRAM."""
+        indexes = [self._of_pool[name] for name, _ in demand.pools]
+        if demand.gpus or demand.vram:
+            indexes += [self._on_gpu[u] for u in self.memory if allowed is None or u in allowed]
+        return indexes
 
     def fit(self, demand: Demand, start: int, duration: int | None,
             ignore: frozenset[str] = frozenset(), allowed: frozenset[str] | None = None,
