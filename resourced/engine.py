@@ -129,6 +129,7 @@ class Engine(CalendarOperations):
         self._busy_free: set[str] = set()  # free GPUs last found running strangers' processes
         self.deadlines = Deadlines()  # (kind, id) -> when: see run_due
         self._alarm: asyncio.TimerHandle | None = None  # one timer, for the earliest deadline
+        self._alarm_for: int | None = None  # the deadline it is set for
         self.ledger = Ledger([])
         self.calendar = Calendar(self.ledger.timeline, booking_limits(settings))
         self._pruned = 0
@@ -362,17 +363,25 @@ class Engine(CalendarOperations):
 
     def _rearm(self) -> None:
         """One loop timer, for the earliest deadline (at least each second on a simulated
-        clock, which may jump)."""
+        clock, which may jump); left as it is when that deadline has not changed (every
+        operation runs the deadlines first: the timer is not made again each time)."""
+        when = min((w for w in (self.deadlines.next(), self.calendar.next_due()) if w is not None),
+                   default=None)
+        if self._alarm is not None and not self.poll_clock and when == self._alarm_for:
+            return
         if self._alarm is not None:
             self._alarm.cancel()
             self._alarm = None
-        when = min((w for w in (self.deadlines.next(), self.calendar.next_due()) if w is not None),
-                   default=None)
+        self._alarm_for = when
         if when is not None or self.poll_clock:
             delay = 1.0 if when is None else max(0.0, (when - self.clock()) / 1e6)
             if self.poll_clock:
                 delay = min(delay, 1.0)
-            self._alarm = asyncio.get_running_loop().call_later(delay, self.run_due)
+            self._alarm = asyncio.get_running_loop().call_later(delay, self._alarm_rang)
+
+    def _alarm_rang(self) -> None:
+        self._alarm = None  # spent: run_due sets the next one, even for the same deadline
+        self.run_due()
 
     def _until_reached(self, claim_id: str) -> None:
         """A claim's time is up: its own end releases it; a booking's start makes it

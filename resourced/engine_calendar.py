@@ -190,8 +190,7 @@ class CalendarOperations:
                 self._commit(self.ledger.set_end(b.id, b.end_usec))
         self._commit(self.ledger.refresh_until())
         self._publish_calendar(events)
-        self.run_due()  # a booking made for now starts now
-        self._rearm()
+        self.run_due()  # a booking made for now starts now; and the alarm is set again
 
     def _start_booking(self, booking: Booking) -> None:
         request = booking.request
