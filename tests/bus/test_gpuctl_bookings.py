@@ -9,6 +9,7 @@ awaited with ``eventually`` (bounded).  gpuctl runs with ``TZ=UTC`` (unless a te
 otherwise), so what it shows as local time is UTC.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -117,11 +118,19 @@ def claim_of(ref: str) -> dict | None:
     return next((c for c in status()["claims"] if c["id"] == ref), None)
 
 
-def spawn(*args: str) -> subprocess.Popen:
-    """gpuctl as a process that runs on while the test goes on."""
-    return subprocess.Popen([sys.executable, "-m", "resourced.cli", *args],
+@contextlib.contextmanager
+def spawned(*args: str):
+    """gpuctl as a process that runs on while the test goes on (killed if still running
+    when the test leaves the block)."""
+    proc = subprocess.Popen([sys.executable, "-m", "resourced.cli", *args],
                             env={**os.environ, "TZ": "UTC"}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
 
 
 def finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
@@ -757,8 +766,7 @@ def test_claim_for_ending_before_a_booking_is_not_warned(clocked_daemon, owner):
 
 def test_run_for_is_stopped_at_its_end_on_the_simulated_clock(clocked_daemon, clock):
     clocked_daemon(gpus=1)
-    proc = spawn("run", "--for", "2s", "--", "sleep", "30")
-    try:
+    with spawned("run", "--for", "2s", "--", "sleep", "30") as proc:
         held = eventually(lambda: next((c for c in status()["claims"] if c["mode"] == "run"),
                                        None), 10)
         assert held["until_usec"] == at(NOW) + 2_000_000
@@ -767,10 +775,6 @@ def test_run_for_is_stopped_at_its_end_on_the_simulated_clock(clocked_daemon, cl
             proc.wait(1.5)
         clock.set("2026-12-01T09:00:03Z")
         code, _, err = finish(proc, 6)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
     assert code == 128 + signal.SIGTERM, err
     eventually(lambda: status()["claims"] == [], CLOCK_TIMEOUT)
 
@@ -803,16 +807,11 @@ def test_run_on_a_booking_is_stopped_at_the_booking_end(clocked_daemon, clock):
     clocked_daemon(gpus=1)
     ref = book("--for", "10m")
     eventually(lambda: (claim_of(ref) or {}).get("state") == "granted", CLOCK_TIMEOUT)
-    proc = spawn("run", "--allocation", ref, "--", "sleep", "30")
-    try:
+    with spawned("run", "--allocation", ref, "--", "sleep", "30") as proc:
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(1.5)
         clock.set("2026-12-01T09:10:00Z")
         code, _, err = finish(proc, 6)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
     assert code == 128 + signal.SIGTERM, err
     eventually(lambda: by_ref(ref)["ended"] == "expired", CLOCK_TIMEOUT)
 

@@ -349,12 +349,12 @@ def test_moment_and_usec_round_trip(when):
 
 
 def test_a_day_word_alone_is_its_start_and_yesterday_reads_back():
-    from datetime import datetime, timedelta, timezone
+    from datetime import UTC, datetime, timedelta
 
     from resourced.when import format_when, parse_when
 
-    now = datetime(2026, 12, 1, 15, 30, tzinfo=timezone.utc)
-    assert parse_when("yesterday", now) == datetime(2026, 11, 30, tzinfo=timezone.utc)
-    assert parse_when("today", now) == datetime(2026, 12, 1, tzinfo=timezone.utc)
+    now = datetime(2026, 12, 1, 15, 30, tzinfo=UTC)
+    assert parse_when("yesterday", now) == datetime(2026, 11, 30, tzinfo=UTC)
+    assert parse_when("today", now) == datetime(2026, 12, 1, tzinfo=UTC)
     then = now - timedelta(hours=20)
     assert parse_when(format_when(then, now), now) == then  # "yesterday 19:30"
