@@ -54,3 +54,8 @@ def test_with_no_daemon_they_are_skipped(pytester, monkeypatch, tmp_path):
     result = pytester.runpytest_subprocess("-rs")
     result.assert_outcomes(passed=1, skipped=2)
     result.stdout.fnmatch_lines(["*resourced: DaemonUnreachable*"])
+    # Named as the issue spells it (loaded already, or with autoloading off), the same.
+    for autoload in ("", "1"):
+        monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", autoload)
+        named = pytester.runpytest_subprocess("-p", "resourced.pytest_plugin", "-rs")
+        named.assert_outcomes(passed=1, skipped=2)
