@@ -124,8 +124,10 @@ def call(method: str, signature: str | None = None, body: tuple = ()):
     return new_method_call(_MANAGER, method, signature, body)
 
 
-def book_message(**request):
-    return call("Book", "a{sv}", (request_options(**request),))
+def book_message(session=None, **request):
+    from .client import session_option
+
+    return call("Book", "a{sv}", ({**request_options(**request), **session_option(session)},))
 
 
 def list_message(all_users=False, since=None, until=None, offset=0, limit=None):

@@ -32,7 +32,14 @@ from jeepney import DBusAddress, MatchRule, MessageFlag, MessageType, new_method
 from jeepney.bus_messages import message_bus
 from jeepney.low_level import HeaderFields
 
-from .bus.names import BUS_NAME, CLAIM_IFACE, MANAGER_IFACE, MANAGER_PATH, RELEASE_FORCE
+from .bus.names import (
+    BUS_NAME,
+    CLAIM_IFACE,
+    MANAGER_IFACE,
+    MANAGER_PATH,
+    RELEASE_DRY_RUN,
+    RELEASE_FORCE,
+)
 from .environment import claim_env
 from .errors import (
     DaemonUnreachable,
@@ -125,6 +132,15 @@ UINT32_MAX = 2**32 - 1
 INT32 = (-(2**31), 2**31 - 1)
 
 
+def session_option(session: str | None) -> dict:
+    """The ``Session`` option: the one given, else ``$RESOURCED_SESSION`` (which an agent
+    sets once and its sub-agents inherit), else none (the daemon then takes the owner
+    process's Unix session)."""
+    if session is None:
+        session = os.environ.get("RESOURCED_SESSION") or None
+    return {} if session is None else {"Session": ("s", _text("session", session))}
+
+
 def demand_options(gpus: int = 0, vram=None, ram=None, cpu=None, pools=None) -> tuple[int, dict]:
     """(gpus, options) for Claim from friendly arguments: amounts like ``"4G"`` or ints."""
     options = {}
@@ -160,8 +176,12 @@ class _Base:
 
     def _claim_message(self, mode, gpus, owner_pid=None, label="", task_name="",
                        member_pids=(), vram=None, ram=None, cpu=None, pools=None,
-                       priority=0, wait=False, timeout=None, reclaimable=False, duration=None):
+                       priority=0, wait=False, timeout=None, reclaimable=False, duration=None,
+                       session=None, dry_run=False):
         gpus, options = demand_options(gpus, vram, ram, cpu, pools)
+        options.update(session_option(session))
+        if dry_run:
+            options["DryRun"] = ("b", True)
         options["Mode"] = ("s", _text("mode", mode))
         if owner_pid is not None:
             options["OwnerPID"] = ("u", _whole("owner pid", owner_pid, 1, UINT32_MAX))
@@ -188,8 +208,21 @@ class _Base:
             options["DurationUSec"] = ("t", span("duration", duration))
         return self._call("Claim", "ua{sv}", (gpus, options))
 
-    def _release_message(self, ref: str, force: bool):
-        return self._call("Release", "st", (_text("reference", ref), RELEASE_FORCE if force else 0))
+    def _release_message(self, ref: str, force: bool, dry_run: bool = False):
+        flags = (RELEASE_FORCE if force else 0) | (RELEASE_DRY_RUN if dry_run else 0)
+        return self._call("Release", "st", (_text("reference", ref), flags))
+
+    def _stop_message(self, session, uid, reason, dry_run):
+        options = {}
+        if session is not None:
+            options["Session"] = ("s", _text("session", session))
+        if uid is not None:
+            options["UID"] = ("u", _whole("uid", uid, 0, UINT32_MAX))
+        if reason:
+            options["Reason"] = ("s", _text("reason", reason))
+        if dry_run:
+            options["DryRun"] = ("b", True)
+        return self._call("Stop", "a{sv}", (options,))
 
     def _grant_message(self, ref: str):
         return self._call("GetGrant", "s", (_text("reference", ref),))
@@ -229,9 +262,13 @@ class _Base:
             "pools": dict(grant["Pools"][1]),
             "until_usec": grant["UntilUSec"][1] if "UntilUSec" in grant else 0,
             "until_booking": grant["UntilBooking"][1] if "UntilBooking" in grant else "",
+            "session": grant["Session"][1] if "Session" in grant else "",
         }
-        return {"allocation": allocation, "env": claim_env(allocation, use_index),
-                "warnings": list(grant["Warnings"][1])}
+        result = {"allocation": allocation, "env": claim_env(allocation, use_index),
+                  "warnings": list(grant["Warnings"][1])}
+        if "DryRun" in grant:
+            result["dry_run"] = True
+        return result
 
     @staticmethod
     def _outcome(msg, use_index: bool) -> dict:
@@ -318,7 +355,8 @@ class Client(_Base):
               member_pids: tuple[int, ...] = (), vram=None, ram=None, cpu=None,
               pools: dict | None = None, priority: int = 0, wait: bool = False,
               timeout: float | None = None, reclaimable: bool = False,
-              progress: Callable[[dict], None] | None = None, duration=None) -> dict:
+              progress: Callable[[dict], None] | None = None, duration=None,
+              session: str | None = None, dry_run: bool = False) -> dict:
         """Claim GPUs, a VRAM share and/or pool amounts, all or nothing; returns
         ``{"allocation": {"ref": ...}, "env": {...}, "warnings": [...]}``.
 
@@ -332,10 +370,14 @@ class Client(_Base):
         claims holding what it wants (as in ``status()``), and each pool's unit.
         ``duration`` (seconds or ``"2h"``) ends the claim that long after it was asked
         for.  The allocation's ``until_usec`` says until when it may hold what it got
-        (0: no end): its end, or the start of a booking (``until_booking``)."""
+        (0: no end): its end, or the start of a booking (``until_booking``).
+        ``session`` names the agent session (default ``$RESOURCED_SESSION``, else the
+        daemon takes the owner's Unix session).  ``dry_run``: what the daemon would
+        decide, limits included, with nothing made (``"dry_run": True``, ref "")."""
         msg = self._claim_message(mode, gpus, owner_pid, label, task_name, member_pids, vram,
-                                  ram, cpu, pools, priority, wait, timeout, reclaimable, duration)
-        if not wait:
+                                  ram, cpu, pools, priority, wait, timeout, reclaimable, duration,
+                                  session, dry_run)
+        if not wait or dry_run:
             ref, _path, grant = self._send(msg)
             return self._allocation(ref, grant, use_index)
         ref, path, grant = self._send(msg)
@@ -398,12 +440,21 @@ class Client(_Base):
                   "claim": me, "holders": holders,
                   "units": {p["name"]: p["unit"] for p in view["pools"]}})
 
-    def release(self, ref: str, force: bool = False) -> list[str]:
+    def release(self, ref: str, force: bool = False, dry_run: bool = False) -> list[str]:
         """Release a claim (a queued one leaves the queue); returns warnings.
 
         Raises ``StillInUse`` while the claim's processes still use its GPUs, unless forced.
+        ``dry_run`` makes every check and releases nothing.
         """
-        return list(self._send(self._release_message(ref, force))[0])
+        return list(self._send(self._release_message(ref, force, dry_run))[0])
+
+    def stop(self, session: str | None = None, uid: int | None = None, reason: str = "",
+             dry_run: bool = False) -> dict:
+        """The stop switch: end every claim and booking of one of my sessions (None: all of
+        mine), or of user ``uid`` (an administrator, with a ``reason``).  Their commands
+        get the reclaim signal first.  ``{"claims": [...], "bookings": [...]}`` stopped."""
+        claims, bookings = self._send(self._stop_message(session, uid, reason, dry_run))
+        return {"claims": list(claims), "bookings": list(bookings)}
 
     def release_gpu(self, gpu: str, reason: str) -> str:
         """Force-release whatever claim holds ``gpu`` (alias, index or UUID); returns its ref."""
@@ -640,13 +691,14 @@ class AsyncClient(_Base):
                     member_pids: tuple[int, ...] = (), vram=None, ram=None, cpu=None,
                     pools: dict | None = None, priority: int = 0, wait: bool = False,
                     timeout: float | None = None, reclaimable: bool = False,
-                    duration=None) -> dict:
+                    duration=None, session: str | None = None, dry_run: bool = False) -> dict:
         """As ``Client.claim``; a cancelled wait leaves the queue."""
         import asyncio
 
         msg = self._claim_message(mode, gpus, owner_pid, label, task_name, member_pids, vram,
-                                  ram, cpu, pools, priority, wait, timeout, reclaimable, duration)
-        if not wait:
+                                  ram, cpu, pools, priority, wait, timeout, reclaimable, duration,
+                                  session, dry_run)
+        if not wait or dry_run:
             ref, _path, grant = await self._send(msg)
             return self._allocation(ref, grant, use_index)
         ref, path, grant = await self._send(msg)
@@ -674,8 +726,13 @@ class AsyncClient(_Base):
                 await self._send(self._release_message(ref, False))
             raise
 
-    async def release(self, ref: str, force: bool = False) -> list[str]:
-        return list((await self._send(self._release_message(ref, force)))[0])
+    async def release(self, ref: str, force: bool = False, dry_run: bool = False) -> list[str]:
+        return list((await self._send(self._release_message(ref, force, dry_run)))[0])
+
+    async def stop(self, session: str | None = None, uid: int | None = None, reason: str = "",
+                   dry_run: bool = False) -> dict:
+        claims, bookings = await self._send(self._stop_message(session, uid, reason, dry_run))
+        return {"claims": list(claims), "bookings": list(bookings)}
 
     async def release_gpu(self, gpu: str, reason: str) -> str:
         return (await self._send(self._release_gpu_message(gpu, reason)))[0]

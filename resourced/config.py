@@ -89,6 +89,12 @@ class DaemonConfig:
     max_bookings_per_user: int = 64         # scheduled or active; 0 = no limit
     booking_retention: float = 30 * 86400   # how long ended bookings stay listed
     warn_before: float = 300.0              # warn a claim or booking this long before its end
+    # Limits on agent sessions (and more on users), all 0 = no limit; root is exempt.
+    max_gpus_per_user: int = 0               # GPUs held or waited for (a share counts one)
+    max_claims_per_session: int = 0          # live claims of one session
+    max_gpus_per_session: int = 0
+    max_booked_gpu_hours_per_user: float = 0.0     # GPU-hours of live bookings (a share: one GPU)
+    max_booked_gpu_hours_per_session: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -366,6 +372,11 @@ _DAEMON = {
     "max_bookings_per_user": (_index, False),
     "booking_retention": (_number(0), False),
     "warn_before": (_number(0), False),
+    "max_gpus_per_user": (_index, False),
+    "max_claims_per_session": (_index, False),
+    "max_gpus_per_session": (_index, False),
+    "max_booked_gpu_hours_per_user": (_number(0), False),
+    "max_booked_gpu_hours_per_session": (_number(0), False),
 }
 _GPU = {
     "uuid": (_string(r"\S+", "a non-empty string without spaces"), True),

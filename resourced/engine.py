@@ -14,6 +14,7 @@ worker re-parented to init stays known.  Owners and members are watched through 
 """
 
 import asyncio
+import copy
 import logging
 import os
 import pwd
@@ -27,10 +28,13 @@ from .config import DaemonConfig, GpuEntry
 from .core.attribution import attribute, children_of, claim_processes, descendants
 from .core.calendar import (
     ACTIVE,
+    ENDED,
+    Booking,
     BookingEvent,
     Calendar,
 )
 from .core.claims import (
+    BOOKING,
     BOOKING_PRIORITY,
     GRANTED,
     MODES,
@@ -39,6 +43,8 @@ from .core.claims import (
     ClaimRequest,
     Demand,
     ProcessRef,
+    check_session,
+    default_session,
 )
 from .core.clock import Clock, Deadlines, utc_text, wall_clock
 from .core.inventory import Gpu
@@ -51,6 +57,7 @@ from .core.ledger import (
     Ledger,
     OwnerDied,
     ReclaimAsked,
+    StopAsked,
     UntilChanged,
 )
 from .core.pools import Pool
@@ -69,7 +76,7 @@ from .errors import (
 )
 from .evidence.gpuprobe import GpuEvidence, GpuProbe
 from .evidence.liveness import ExitWatcher
-from .evidence.processes import pid_max, pin_process, process_uid
+from .evidence.processes import pid_max, pin_process, process_session, process_uid
 from .evidence.proctable import ancestry, command_line, read_table, user_name
 from .sd import audit
 from .threads import off_loop
@@ -213,7 +220,8 @@ class Engine(CalendarOperations):
                     owner_pid: int | None = None, label: str = "", task_name: str = "",
                     member_pids: tuple[int, ...] = (), priority: int = 0, wait: bool = False,
                     timeout: float | None = None, reclaimable: bool = False,
-                    duration: float | None = None) -> tuple[Claim, list[str]]:
+                    duration: float | None = None, session: str | None = None,
+                    dry_run: bool = False) -> tuple[Claim, list[str]]:
         """Grant ``demand`` all or nothing, or queue it (``wait``); returns the claim (granted
         or queued) and any warnings.
 
@@ -221,8 +229,12 @@ class Engine(CalendarOperations):
         the start (gpuctl run's wrapper, which adopts the command's orphans).  A queued
         claim leaves the queue after ``timeout`` seconds, or when its owner exits.  A claim
         with a ``duration`` (seconds) ends that long after it was asked for; every claim
-        is granted only until the next booking needs what it holds (``until_usec``)."""
-        self._check_limits(caller, wait)
+        is granted only until the next booking needs what it holds (``until_usec``).  It
+        belongs to ``session`` (default: the owner's Unix session).
+
+        ``dry_run`` decides by the same admission, on a copy of the ledger: the claim
+        it answers (granted, or queued) was never made, and nothing else changed."""
+        self._check_limits(caller, wait, demand)
         if mode not in MODES:
             raise InvalidRequest(f"mode must be one of {', '.join(MODES)}, not {quoted(mode)}")
         if priority >= BOOKING_PRIORITY:
@@ -236,6 +248,8 @@ class Engine(CalendarOperations):
                                  "may be (the daemon adopts their descendants by itself)")
         pinned = [_callers_process(caller, caller.pid if owner_pid is None else owner_pid, "owner")]
         try:
+            session = self._session_of(pinned[0][0].pid, session)
+            self._check_limits(caller, wait, demand, session)  # the session's, now it is known
             pinned += [_callers_process(caller, pid, "member") for pid in member_pids]
             user = await self._user_name(caller.uid)
             self.run_due()  # bookings due by now have started: the decision sees them
@@ -245,20 +259,28 @@ class Engine(CalendarOperations):
                                    user=user, label=label, task_name=task_name,
                                    members=frozenset(ref for ref, _ in pinned[1:]),
                                    priority=priority, reclaimable=reclaimable,
-                                   queue_deadline_usec=deadline,
+                                   queue_deadline_usec=deadline, session=session,
                                    end_usec=0 if duration is None else now + int(duration * 1e6))
             busy, warnings = frozenset(), []
             if demand.gpus or demand.vram or self.ledger.waiting_for_gpus():
                 busy, warnings = self._busy_gpus(await self.probe.processes())
             # The decision: synchronous from here on, on the ledger as it is now.
             claim_id = self._new_id()
-            events, refusal = self.ledger.submit(request, claim_id, self.clock(), busy, wait)
+            ledger = copy.deepcopy(self.ledger) if dry_run else self.ledger
+            events, refusal = ledger.submit(request, claim_id, self.clock(), busy, wait)
         except BaseException as exc:
             for _, fd in pinned:
                 os.close(fd)
-            if isinstance(exc, ResourcedError):
+            if isinstance(exc, ResourcedError) and not dry_run:
                 self._audit_refusal(caller, demand, exc)
             raise
+        if dry_run:
+            for _, fd in pinned:
+                os.close(fd)
+            if refusal is not None:
+                raise refusal
+            claim = ledger.claims[claim_id]
+            return claim, [*warnings, *self._until_warning(claim)]
         claim = self.ledger.claims.get(claim_id)
         self._commit(events, undo=lambda: claim and self.ledger.release(claim_id, "cancelled"))
         if refusal is not None:
@@ -269,36 +291,61 @@ class Engine(CalendarOperations):
         for ref, fd in pinned:
             self._watcher.watch_pidfd((claim.id, ref), ref, fd)
         self._arm_timeout(claim)
-        if claim.until_booking:
-            booking = self.calendar.bookings.get(claim.until_booking)
-            warnings.append(f"granted until {utc_text(claim.until_usec)} only: booked from then"
-                            f"{f' by {booking.user}' if booking else ''}; you will be asked "
-                            "to give it back then")
-        return claim, warnings
+        return claim, [*warnings, *self._until_warning(claim)]
 
-    def _check_limits(self, caller: Caller, wait: bool) -> None:
-        """Refuse a request past the caller's per-user limits, before any work (root is
-        exempt)."""
+    def _until_warning(self, claim: Claim) -> list[str]:
+        if not claim.until_booking:
+            return []
+        booking = self.calendar.bookings.get(claim.until_booking)
+        return [f"granted until {utc_text(claim.until_usec)} only: booked from then"
+                f"{f' by {booking.user}' if booking else ''}; you will be asked to give it "
+                "back then"]
+
+    def _session_of(self, pid: int, given: str | None) -> str:
+        """The session a request names (checked), or its process's Unix session."""
+        if given is not None:
+            check_session(given)
+            return given
+        sid = process_session(pid) if pid > 0 else None
+        return default_session(sid) if sid else ""
+
+    def _check_limits(self, caller: Caller, wait: bool, demand: Demand,
+                      session: str | None = None) -> None:
+        """Refuse a request past the caller's per-user limits (or, given a ``session``,
+        that session's), before any work (root is exempt); the message names the setting."""
         if caller.uid == 0:
             return
-        claims, waiting = self.ledger.counts_of(caller.uid)
-        most, most_waiting = self.settings.max_claims_per_user, self.settings.max_waiting_per_user
-        if most and claims >= most:
-            raise LimitExceeded(f"uid {caller.uid} already has {claims} claims, the most one "
-                                f"user may have (max_claims_per_user); release some first")
+        s = self.settings
+        gpus = demand.gpus or (1 if demand.vram else 0)
+        if session is None:
+            whose, suffix = f"uid {caller.uid}", "user"
+            limits = (s.max_claims_per_user, s.max_waiting_per_user, s.max_gpus_per_user)
+        else:
+            whose, suffix = f"session {session}", "session"
+            limits = (s.max_claims_per_session, 0, s.max_gpus_per_session)
+        most_claims, most_waiting, most_gpus = limits
+        claims, waiting, held = self.ledger.counts_of(caller.uid, session)
+        if most_claims and claims >= most_claims:
+            raise LimitExceeded(f"{whose} already has {claims} claims, the most one {suffix} "
+                                f"may have (max_claims_per_{suffix}); release some first")
         if wait and most_waiting and waiting >= most_waiting:
-            raise LimitExceeded(f"uid {caller.uid} already has {waiting} waiting claims, the "
-                                f"most one user may have (max_waiting_per_user)")
+            raise LimitExceeded(f"{whose} already has {waiting} waiting claims, the most "
+                                f"one {suffix} may have (max_waiting_per_{suffix})")
+        if most_gpus and gpus and held + gpus > most_gpus:
+            raise LimitExceeded(f"{whose} holds or waits for {held} GPU(s); {gpus} more would "
+                                f"pass the most one {suffix} may have, {most_gpus} "
+                                f"(max_gpus_per_{suffix})")
 
     async def release(self, caller: Caller, claim_id: str, force: bool = False,
-                      reason: str = "", admin: bool = False) -> list[str]:
+                      reason: str = "", admin: bool = False, dry_run: bool = False) -> list[str]:
         """End a claim; refused while its processes still use its GPUs unless ``force``.
 
         Only the claim's user (or root) may, unless ``admin`` (the caller was authorized
-        to release other users' claims)."""
+        to release other users' claims).  ``dry_run`` makes every check and ends nothing."""
         claim = self._check_owner(caller, self.ledger.get(claim_id), admin)
         if claim.state == QUEUED:
-            self._end(claim_id, "cancelled", caller, reason)
+            if not dry_run:
+                self._end(claim_id, "cancelled", caller, reason)
             return []
         # The check runs forced or not, so that "forced" in the audit trail means it
         # overrode something (a lease's own release is a plain release).
@@ -314,8 +361,43 @@ class Engine(CalendarOperations):
                              "stop them, or release with --force")
         if force and (in_use or reason or caller.uid != claim.uid):
             how = "forced"
-        self._end(claim_id, how, caller, reason)
+        if not dry_run:
+            self._end(claim_id, how, caller, reason)
         return warnings
+
+    def stop(self, caller: Caller, uid: int, session: str | None, reason: str = "",
+             admin: bool = False, dry_run: bool = False) -> tuple[list[Claim], list[Booking]]:
+        """End at once every live claim and booking of one user's ``session`` (None: all of
+        the user's): the claims are told first (``StopAsked``: their commands get the
+        reclaim signal), then released whatever runs ("stopped"); bookings are cancelled
+        (active ones released).  Another user's needs ``admin`` and a reason.  Returns
+        what it stopped (``dry_run``: what it would stop)."""
+        if session is not None:
+            check_session(session)
+        if uid != caller.uid and caller.uid != 0 and not admin:
+            raise NotClaimOwner(f"uid {uid}'s sessions are not yours to stop")
+        if uid != caller.uid and not reason:
+            raise InvalidRequest("stopping someone else's session needs a reason")
+        self.run_due()
+        claims = [c for c in self.ledger.claims.values() if c.uid == uid and c.mode != BOOKING
+                  and (session is None or c.session == session)]
+        bookings = [b for b in self.calendar.bookings.values() if b.uid == uid
+                    and b.state != ENDED and (session is None or b.session == session)]
+        if dry_run or not (claims or bookings):
+            return claims, bookings
+        audit(f"stop of uid {uid}'s {f'session {session}' if session else 'sessions'} by uid "
+              f"{caller.uid}: {len(claims)} claim(s), {len(bookings)} booking(s)"
+              f"{f': {reason}' if reason else ''}", priority=4 if uid != caller.uid else 5,
+              uid=uid, event="stop", reason=reason)
+        self._commit([StopAsked(c, caller.uid, reason) for c in claims if c.state == GRANTED])
+        stopped = []
+        for booking in bookings:
+            stopped.append(self.cancel_booking(caller, booking.id, reason or "stopped",
+                                               admin=uid != caller.uid))
+        for claim in claims:
+            if claim.id in self.ledger.claims:
+                self._end(claim.id, "stopped", caller, reason)
+        return claims, stopped
 
     def _arm_timeout(self, claim: Claim) -> None:
         if claim.state == QUEUED and claim.queue_deadline_usec:

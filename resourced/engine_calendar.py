@@ -44,14 +44,16 @@ class CalendarOperations:
     included)."""
 
     async def book(self, caller: Caller, request: BookingRequest, op_id: str = "",
-                   dry_run: bool = False) -> tuple[Booking, str]:
+                   dry_run: bool = False, session: str | None = None) -> tuple[Booking, str]:
         """Admit a booking (or answer the first result of a replayed ``op_id``): created |
-        exists, or dry-run."""
+        exists, or dry-run.  It belongs to ``session`` (default: the caller's Unix
+        session)."""
         user = await self._user_name(caller.uid)
+        session = self._session_of(caller.pid, session)
         self.run_due()
         booking, status, events = self.calendar.book(
             request, self._new_id("b"), caller.uid, user, self._booking_now(),
-            "" if dry_run else op_id)
+            "" if dry_run else op_id, session)
         if self._settle(events, [(booking.id, None)], dry_run):
             return booking, "dry-run"
         return self.calendar.bookings[booking.id], status
@@ -197,7 +199,7 @@ class CalendarOperations:
         demand = Calendar._demand(request)
         self._commit(self.ledger.start_booking(
             booking.id, demand, booking.gpus, booking.uid, booking.user, request.label,
-            request.task_name, self.clock(), booking.end_usec, busy=None))
+            request.task_name, self.clock(), booking.end_usec, busy=None, session=booking.session))
         self._serve_queue()  # its GPUs are granted on fresh evidence, like any waiter's
 
     def _record_calendar(self, events: list[BookingEvent], **changes) -> None:
@@ -224,6 +226,8 @@ class CalendarOperations:
 
 def booking_limits(settings: DaemonConfig) -> Limits:
     return Limits(longest=settings.longest_booking, horizon=settings.booking_horizon,
-                  per_user=settings.max_bookings_per_user, retention=settings.booking_retention)
+                  per_user=settings.max_bookings_per_user, retention=settings.booking_retention,
+                  gpu_hours_per_user=settings.max_booked_gpu_hours_per_user,
+                  gpu_hours_per_session=settings.max_booked_gpu_hours_per_session)
 
 

@@ -87,7 +87,7 @@ FIELDS = (
     ("TaskName", "task_name", "s"), ("OpID", "op_id", "s"), ("Ended", "ended", "s"),
     ("EndedBy", "ended_by", "i"), ("EndedUSec", "ended_usec", "t"),
     ("Reason", "reason", "s"), ("ClaimState", "claim_state", "s"),
-    ("WaitingFor", "waiting_for", "as"),
+    ("WaitingFor", "waiting_for", "as"), ("Session", "session", "s"),
 )
 """A booking's record: its a{sv} key, its JSON key (what the clients return), its type."""
 
@@ -106,7 +106,7 @@ def booking_fields(b: Booking, gpus: dict, claim_state: str = "",
         "exclusive": b.request.exclusive, "pools": dict(d.pools), "label": b.request.label,
         "task_name": b.request.task_name, "op_id": b.op_id, "ended": b.ended,
         "ended_by": b.ended_by, "ended_usec": b.ended_usec, "reason": b.reason,
-        "claim_state": claim_state, "waiting_for": list(waiting_for),
+        "claim_state": claim_state, "waiting_for": list(waiting_for), "session": b.session,
     }
 
 

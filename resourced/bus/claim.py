@@ -14,10 +14,11 @@ R = PropertyAccess.READ
 class ClaimInterface(Interface):
     OUT_NAMES = {"Release": ("warnings",), "Granted": ("grant",), "Cancelled": ("reason",),
                  "ReclaimRequested": ("waiter_id", "waiter_priority"),
-                 "Ending": ("until_usec", "booking_id")}
+                 "Ending": ("until_usec", "booking_id"),
+                 "StopRequested": ("by_uid", "reason")}
     CONST_PROPERTIES = frozenset({
         "Id", "Mode", "UID", "User", "OwnerPID", "OwnerStartTime", "Label", "TaskName",
-        "CreatedUSec", "Priority", "Reclaimable", "VRAMBytes", "Pools",
+        "CreatedUSec", "Priority", "Reclaimable", "VRAMBytes", "Pools", "Session",
     })
 
     def __init__(self, claim: Claim, manager):
@@ -53,10 +54,20 @@ class ClaimInterface(Interface):
         end, or the start of booking ``booking_id``."""
         return [until_usec, booking_id]
 
+    @dbus_signal()
+    def StopRequested(self, by_uid: int, reason: str) -> "us":
+        """Its session is being stopped (``gpuctl stop``): it is released right after;
+        ``gpuctl run`` forwards this as its reclaim signal, then stops its command."""
+        return [by_uid, reason]
+
     # -- properties --------------------------------------------------------------------
     @dbus_property(access=R)
     def Id(self) -> "s":
         return self.claim.id
+
+    @dbus_property(access=R)
+    def Session(self) -> "s":
+        return self.claim.session
 
     @dbus_property(access=R)
     def Mode(self) -> "s":

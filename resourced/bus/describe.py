@@ -14,9 +14,12 @@ from .. import __version__
 from ..core.claims import Claim
 from ..core.inventory import pci_order
 
-LIMITS = ("max_claims_per_user", "max_waiting_per_user", "max_bookings_per_user",
+LIMITS = ("max_claims_per_user", "max_waiting_per_user", "max_gpus_per_user",
+          "max_claims_per_session", "max_gpus_per_session", "max_bookings_per_user",
+          "max_booked_gpu_hours_per_user", "max_booked_gpu_hours_per_session",
           "longest_booking", "booking_horizon", "warn_before")
-"""The configured limits every user is under (root is exempt from the per-user ones)."""
+"""The configured limits every user is under (root is exempt from the per-user and
+per-session ones; 0 = no limit)."""
 
 
 class StateView:
@@ -98,6 +101,7 @@ class StateView:
             "owner_alive": c.owner_alive,
             "label": c.label,
             "task_name": c.task_name,
+            "session": c.session,
             "created_usec": c.created_usec,
             "until_usec": c.until_usec,
             "until_booking": c.until_booking,
@@ -107,10 +111,12 @@ class StateView:
             "pci_indices": [self.pci_index[u] for u in c.gpus],
         }
 
-    def grant(self, claim: Claim, warnings: list[str] = ()) -> dict:
-        """What ``Claim`` and ``GetGrant`` answer for a claim, as a{sv}."""
+    def grant(self, claim: Claim, warnings: list[str] = (), dry_run: bool = False) -> dict:
+        """What ``Claim`` and ``GetGrant`` answer for a claim, as a{sv} (``DryRun``: what a
+        claim would be, not made)."""
         gpus = self.engine.ledger.gpus
-        return {
+        extra = {"DryRun": Variant("b", True)} if dry_run else {}
+        return {**extra,
             "State": Variant("s", claim.state),
             "Mode": Variant("s", claim.mode),
             "GPUUUIDs": Variant("as", list(claim.gpus)),
@@ -122,4 +128,5 @@ class StateView:
             "Warnings": Variant("as", list(warnings)),
             "UntilUSec": Variant("t", claim.until_usec),
             "UntilBooking": Variant("s", claim.until_booking),
+            "Session": Variant("s", claim.session),
         }

@@ -32,6 +32,7 @@ from ..core.ledger import (
     OwnerDied,
     ReclaimAsked,
     ReclaimWithdrawn,
+    StopAsked,
     UntilChanged,
 )
 from ..core.verify import GpuReport
@@ -62,6 +63,7 @@ from .names import (
     CLAIM_PREFIX,
     MANAGER_IFACE,
     MANAGER_PATH,
+    RELEASE_DRY_RUN,
     RELEASE_FORCE,
     check_path,
     claim_path,
@@ -78,9 +80,11 @@ R = PropertyAccess.READ
 CLAIM_OPTIONS = {
     "Mode": "s", "OwnerPID": "u", "MemberPIDs": "au", "Label": "s", "TaskName": "s",
     "VRAMBytes": "t", "Pools": "a{st}", "Priority": "i", "Wait": "b",
-    "QueueTimeoutUSec": "t", "Reclaimable": "b", "DurationUSec": "t",
+    "QueueTimeoutUSec": "t", "Reclaimable": "b", "DurationUSec": "t", "Session": "s",
+    "DryRun": "b",
 }
-RELEASE_FLAGS = RELEASE_FORCE
+RELEASE_FLAGS = RELEASE_FORCE | RELEASE_DRY_RUN
+STOP_OPTIONS = {"Session": "s", "UID": "u", "Reason": "s", "DryRun": "b"}
 FEATURES = ["claims", "dev-claims", "verify", "health", "pools", "queue", "reclaim",
             "bookings"]
 
@@ -115,6 +119,7 @@ class ManagerInterface(Interface):
         "AddNotice": ("notice_id",),
         "ListNotices": ("notices",),
         "NoticeAdded": ("notice_id", "text"),
+        "Stop": ("claims", "bookings"),
     }
 
     def __init__(self, bus, engine: Engine, mode: str, health: HealthMonitor, reload=None):
@@ -177,7 +182,11 @@ class ManagerInterface(Interface):
             timeout=None if timeout is None else timeout / 1e6,
             reclaimable=opts.get("Reclaimable", False),
             duration=opts["DurationUSec"] / 1e6 if "DurationUSec" in opts else None,
+            session=opts.get("Session"),
+            dry_run=opts.get("DryRun", False),
         )
+        if opts.get("DryRun"):  # no claim was made: no reference, no object
+            return ["", "/", self.view.grant(claim, warnings, dry_run=True)]
         return [claim.id, claim_path(claim.id), self.view.grant(claim, warnings)]
 
     @dbus_method()
@@ -191,6 +200,25 @@ class ManagerInterface(Interface):
         claim_id = self.engine.holder_of(gpu).id
         await self._release(claim_id, force=True, reason=reason)
         return claim_id
+
+    @dbus_method()
+    @bus_errors
+    async def Stop(self, options: "a{sv}") -> "asas":
+        """End every claim and booking of one of the caller's sessions (``Session``; none:
+        all of theirs), or of user ``UID``'s (needs manage, as cancelling another's
+        booking does, and a ``Reason``).
+        Returns the claims and bookings stopped (``DryRun``: that would be)."""
+        opts = parse_options(options, STOP_OPTIONS)
+        caller = await self.credentials.caller()
+        uid = opts.get("UID", caller.uid)
+        admin = caller.uid not in (0, uid)
+        if admin:
+            await self.authority.check(current_call.get(), caller.uid, MANAGE, {
+                "owner_uid": str(uid), "session": opts.get("Session", "")})
+        claims, bookings = self.engine.stop(caller, uid, opts.get("Session"),
+                                            opts.get("Reason", ""), admin,
+                                            opts.get("DryRun", False))
+        return [[c.id for c in claims], [b.id for b in bookings]]
 
     @dbus_method()
     @bus_errors
@@ -250,11 +278,14 @@ class ManagerInterface(Interface):
     @dbus_method()
     @bus_errors
     async def Book(self, options: "a{sv}") -> "sa{sv}":
-        request, op_id, dry_run = booking_request(options, self._gpu_uuid)
+        session = parse_options({k: v for k, v in options.items() if k == "Session"},
+                                {"Session": "s"}).get("Session")
+        request, op_id, dry_run = booking_request(
+            {k: v for k, v in options.items() if k != "Session"}, self._gpu_uuid)
         caller = await self.credentials.caller()
         await self.authority.check(current_call.get(), caller.uid, RESERVE, {
             "gpus": str(request.demand.gpus), "duration_usec": str(request.duration_usec)})
-        booking, status = await self.engine.book(caller, request, op_id, dry_run)
+        booking, status = await self.engine.book(caller, request, op_id, dry_run, session)
         return [status, self._record(booking)]
 
     @dbus_method()
@@ -419,9 +450,11 @@ class ManagerInterface(Interface):
     async def release(self, claim_id: str, flags: int) -> list[str]:
         if flags & ~RELEASE_FLAGS:
             raise InvalidRequest(f"unknown release flags {flags & ~RELEASE_FLAGS:#x}")
-        return await self._release(claim_id, force=bool(flags & RELEASE_FORCE))
+        return await self._release(claim_id, force=bool(flags & RELEASE_FORCE),
+                                   dry_run=bool(flags & RELEASE_DRY_RUN))
 
-    async def _release(self, claim_id: str, force: bool, reason: str = "") -> list[str]:
+    async def _release(self, claim_id: str, force: bool, reason: str = "",
+                       dry_run: bool = False) -> list[str]:
         """The claim's user (or root) may release it; anyone else needs release-other."""
         caller = await self.credentials.caller()
         claim = self.engine.ledger.get(claim_id)
@@ -430,7 +463,7 @@ class ManagerInterface(Interface):
             await self.authority.check(current_call.get(), caller.uid, RELEASE_OTHER, {
                 "claim": claim_id, "owner_uid": str(claim.uid), "force": str(force).lower()})
         return await self.engine.release(caller, claim_id, force=force, reason=reason,
-                                         admin=admin)
+                                         admin=admin, dry_run=dry_run)
 
     # -- internals ---------------------------------------------------------------------
     async def _owner_or_admin(self, booking_id: str):
@@ -585,6 +618,8 @@ class ManagerInterface(Interface):
                 out.append((self._claim_object(claim.id).emit_properties_changed,
                             {"UntilUSec": claim.until_usec,
                              "UntilBooking": claim.until_booking}))
+            elif isinstance(event, StopAsked):
+                out.append((self._claim_object(claim.id).StopRequested, event.by, event.reason))
             elif isinstance(event, ClaimEnding):
                 out.append((self._claim_object(claim.id).Ending, claim.until_usec,
                             claim.until_booking))

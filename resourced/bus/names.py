@@ -7,6 +7,7 @@ GPU_IFACE = "org.resourced.GPU"
 CLAIM_IFACE = "org.resourced.Claim"
 
 RELEASE_FORCE = 1 << 0
+RELEASE_DRY_RUN = 1 << 1  # every check, nothing released
 """Release flag: skip the in-use check."""
 
 

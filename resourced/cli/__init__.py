@@ -31,6 +31,8 @@ COMMANDS = {
     "blackout": ("bookings", "blackout", "Block windows for maintenance (administrators)."),
     "notice": ("bookings", "notice", "Messages for everyone (administrators)."),
     "agent": ("agent", "agent", "For coding agents: one-call context, placements, instructions."),
+    "sessions": ("sessions", "sessions", "List agent sessions and what each holds."),
+    "stop": ("sessions", "stop", "End every claim and booking of a session at once."),
     "init": ("init", "init", "Write a config file listing this machine's GPUs."),
     "demo": ("demo", "demo", "Show resourced at work on simulated GPUs (a private bus)."),
     "service": ("service", "service", "Install, enable or remove the systemd service."),

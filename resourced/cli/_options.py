@@ -17,6 +17,16 @@ def json_option(fn):
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(fn)
 
 
+dry_run_option = click.option(
+    "--dry-run", is_flag=True,
+    help="Say what it would do, decided by the daemon's real admission; change nothing.")
+
+session_option = click.option(
+    "--session", metavar="NAME", default=None,
+    help="The agent session it belongs to (default: $RESOURCED_SESSION, else this "
+    "terminal's Unix session); `gpuctl stop --session NAME` ends a whole session.")
+
+
 RED, YELLOW = "31", "33"
 ALERTS = {"STOP": RED, "NOTICE": YELLOW, "OVERDUE": RED, "WAITING": YELLOW, "DEAD": RED, "UNCLAIMED USE": RED, "FOREIGN PROCESS": RED,
           "MISSING": RED, "ERROR": RED, "WARN": YELLOW, "UNKNOWN": YELLOW,

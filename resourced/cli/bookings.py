@@ -14,19 +14,16 @@ from ._options import (
     PoolAmount,
     bus_option,
     client,
+    dry_run_option,
     echo_table,
     emit_json,
     json_option,
+    session_option,
 )
 from .status import table
 
 MAX_ROWS = 50
 """Bookings a table shows: a person does not read 5,000 lines; --json has them all."""
-
-
-dry_run_option = click.option(
-    "--dry-run", is_flag=True,
-    help="Say what it would do, decided by the daemon's real admission; change nothing.")
 
 
 class When(click.ParamType):
@@ -113,11 +110,12 @@ def _request(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task
               "tomorrow 09:00, an ISO time (local unless it has a zone).")
 @click.option("--op-id", default=None, metavar="ID",
               help="Retry-safe: the same request with the same id answers the first result.")
+@session_option
 @dry_run_option
 @bus_option
 @json_option
 def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_name, duration,
-         start, op_id, dry_run, bus, as_json):
+         start, op_id, session, dry_run, bus, as_json):
     """Book GPUs and/or pool amounts for a time window, all or nothing over all of it.
 
     With --at it is placed exactly then or refused (exit 3, naming the nearest start that
@@ -136,7 +134,7 @@ def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_nam
     now = now_usec()
     with client(bus) as c:
         result = c.book(duration, start=None if start is None else start / 1e6,
-                        dry_run=dry_run, **request)
+                        dry_run=dry_run, session=session, **request)
     booking = result["booking"]
     if result["status"] == "created" and start is None and booking["start_usec"] > now:
         result["status"] = "queued"

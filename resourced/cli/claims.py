@@ -16,8 +16,10 @@ from ._options import (
     client,
     complete_claims,
     complete_gpus,
+    dry_run_option,
     emit_json,
     json_option,
+    session_option,
 )
 
 UINT32_MAX = 2**32 - 1  # what a D-Bus 'u' can carry (the client checks it too)
@@ -118,10 +120,13 @@ index_option = click.option(
 @index_option
 @label_option
 @task_option
+@session_option
+@dry_run_option
 @bus_option
 @click.argument("command", nargs=-1, required=True, metavar="-- COMMAND [ARGS]...")
 def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet, allocation,
-        reclaimable, reclaim_signal, use_index, label, task_name, bus, command):
+        reclaimable, reclaim_signal, use_index, label, task_name, session, dry_run, bus,
+        command):
     """Run COMMAND on GPUs and/or pool amounts and return its exit code.
 
     It takes what is asked (--gpus N, default 1; --vram on a shared GPU; --ram, --cpu,
@@ -130,16 +135,30 @@ def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet, a
     they end. With --allocation it runs on a development claim, which stays, or on an
     active booking. A claim with an end (--for), or a booking, stops the command at that
     end (SIGTERM, then SIGKILL 10 s later). A claim granted only until a booking's start
-    (a warning says so) forwards the request to give it back as --reclaim-signal.
+    (a warning says so) forwards the request to give it back as --reclaim-signal. When
+    `gpuctl stop` ends its session, the command gets --reclaim-signal, then SIGTERM and
+    SIGKILL 10 s later. --dry-run says what would be granted and runs nothing.
 
     Example: gpuctl run --vram 20G --ram 32G --cpu 8 --wait -- python infer.py
     """
     from .launch import PendingChild
 
     asked = demand(gpus, vram, ram, cpu, pools)
-    if allocation and (gpus is not None or vram or ram or cpu or pools or duration):
+    if allocation and (gpus is not None or vram or ram or cpu or pools or duration
+                       or session is not None):
         raise click.UsageError("use either --allocation or amounts to claim, not both")
     signum = _signal_number(reclaim_signal)
+    if dry_run:
+        if allocation:
+            raise click.UsageError("--dry-run is for a new claim, not --allocation")
+        with client(bus) as c:
+            result = c.claim(mode="run", label=label, task_name=task_name, use_index=use_index,
+                             priority=priority, wait=wait, timeout=timeout,
+                             reclaimable=reclaimable, duration=duration, session=session,
+                             dry_run=True, **asked)
+        _warn(result["warnings"])
+        _say_dry_run(result, f"then run: {shlex.join(command)}")
+        return 0
     with client(bus) as c:
         child = PendingChild(list(command))
         try:
@@ -151,17 +170,19 @@ def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet, a
                                       task_name=task_name, use_index=use_index,
                                       member_pids=[os.getpid()], priority=priority, wait=wait,
                                       timeout=timeout, reclaimable=reclaimable,
-                                      progress=line.show, duration=duration, **asked)
+                                      progress=line.show, duration=duration, session=session,
+                                      **asked)
         except BaseException:
             child.cancel()
             raise
         _warn(granted.get("warnings", []))
         held = granted["allocation"]
-        if (reclaimable or held["until_booking"]) and not allocation:
+        if not allocation:
             _forward_reclaim_requests(c.bus, held["ref"], child.pid, signum)
         if held["until_usec"] and not held["until_booking"]:
             _stop_at_end(c.bus, held["ref"], child.pid)
-        code = child.start({**os.environ, **granted["env"]})
+        inherited = {"RESOURCED_SESSION": held["session"]} if held.get("session") else {}
+        code = child.start({**os.environ, **granted["env"], **inherited})
         if not allocation:
             _release_after_run(c, granted["allocation"]["ref"])
     return code
@@ -178,29 +199,40 @@ def _signal_number(name: str) -> int:
 
 
 def _forward_reclaim_requests(bus: str, ref: str, pid: int, signum: int) -> None:
-    """Send ``signum`` to the command whenever the daemon asks the claim back (a thread with
-    its own connection: the main thread waits for the command meanwhile)."""
+    """Send ``signum`` to the command whenever the daemon asks the claim back; when its
+    session is stopped (``StopRequested``), send it, then SIGTERM and SIGKILL STOP_GRACE
+    seconds later (a thread with its own connection: the main thread waits for the
+    command meanwhile)."""
+    import signal
     import threading
 
     from jeepney import MatchRule
     from jeepney.bus_messages import message_bus
     from jeepney.io.blocking import open_dbus_connection
+    from jeepney.low_level import HeaderFields
 
     from ..bus.names import BUS_NAME, CLAIM_IFACE, claim_path
 
-    fields = dict(type="signal", interface=CLAIM_IFACE, member="ReclaimRequested",
-                  path=claim_path(ref))
+    fields = dict(type="signal", interface=CLAIM_IFACE, path=claim_path(ref))
     conn = open_dbus_connection(bus.upper())
-    conn.send_and_get_reply(message_bus.AddMatch(MatchRule(sender=BUS_NAME, **fields)))
+    for member in ("ReclaimRequested", "StopRequested"):
+        conn.send_and_get_reply(message_bus.AddMatch(MatchRule(sender=BUS_NAME, member=member,
+                                                               **fields)))
 
     def forward():
         with conn.filter(MatchRule(**fields), bufsize=16) as requests:
-            while True:
-                try:
-                    conn.recv_until_filtered(requests)
+            try:
+                while True:
+                    msg = conn.recv_until_filtered(requests)
                     os.kill(pid, signum)
-                except (OSError, ProcessLookupError):
-                    return
+                    if msg.header.fields.get(HeaderFields.member) == "StopRequested":
+                        break
+                time.sleep(STOP_GRACE)
+                os.kill(pid, signal.SIGTERM)
+                time.sleep(STOP_GRACE)
+                os.kill(pid, signal.SIGKILL)
+            except OSError:  # the command is gone, or the connection
+                return
 
     threading.Thread(target=forward, name="reclaim-forwarder", daemon=True).start()
 
@@ -279,24 +311,48 @@ def _release_after_run(c, ref: str) -> None:
 @label_option
 @task_option
 @index_option
+@session_option
+@dry_run_option
 @bus_option
 @json_option
 def claim(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet, owner_pid,
-          reclaimable, label, task_name, use_index, bus, as_json):
+          reclaimable, label, task_name, use_index, session, dry_run, bus, as_json):
     """Claim GPUs and/or pool amounts until released, and print the reference.
+
+    --dry-run says what would be granted (or that it would wait), limits included, and
+    claims nothing: no reference is printed.
 
     Example: gpuctl claim --gpus 1 --ram 64G --owner-pid $PPID --task-name "tune kernels"
     """
-    with client(bus) as c, WaitingLine(wait and not quiet) as line:
+    with client(bus) as c, WaitingLine(wait and not quiet and not dry_run) as line:
         result = c.claim(mode="dev", owner_pid=owner_pid, label=label, task_name=task_name,
                          use_index=use_index, priority=priority, wait=wait, timeout=timeout,
                          reclaimable=reclaimable, progress=line.show, duration=duration,
-                         **demand(gpus, vram, ram, cpu, pools))
+                         session=session, dry_run=dry_run, **demand(gpus, vram, ram, cpu, pools))
     _warn(result["warnings"])
     if as_json:
         emit_json(result)
+    elif dry_run:
+        _say_dry_run(result)
     else:
         click.echo(result["allocation"]["ref"])
+
+
+def _say_dry_run(result: dict, then: str = "") -> None:
+    """What a dry-run claim would get, on stderr (stdout stays empty: nothing to use)."""
+    held = result["allocation"]
+    if held["state"] == "queued":
+        said = "would wait in the queue"
+    else:
+        where = [f"gpu{i}" for i in held["gpu_indices"]] + [f"{n} {a}" for n, a in
+                                                           held["pools"].items()]
+        said = f"would be granted {', '.join(where) or 'nothing'}"
+        if held["until_usec"]:
+            from ..core.clock import utc_text
+
+            said += f" until {utc_text(held['until_usec'])}"
+    click.echo(f"gpuctl: {said} (dry run: nothing claimed){'; ' + then if then else ''}",
+               err=True)
 
 
 @click.command()
@@ -306,13 +362,15 @@ def claim(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet,
               help="Release whatever claim holds this GPU (with --force).")
 @click.option("--force", is_flag=True, help="Release even if the claim's processes still run.")
 @click.option("--reason", default="", help="Why (with --gpu); goes to the daemon's log.")
+@dry_run_option
 @bus_option
 @json_option
-def release(allocation, gpu, force, reason, bus, as_json):
+def release(allocation, gpu, force, reason, dry_run, bus, as_json):
     """Release a claim: by reference, or (to recover a lost claim) by GPU.
 
     A release is refused (exit 9) while the claim's processes still use its GPUs;
-    --force overrides. `--gpu` always forces and needs no TTY.
+    --force overrides. `--gpu` always forces and needs no TTY. --dry-run makes the same
+    checks (it is yours, nothing of it still runs) and releases nothing.
 
     Example: gpuctl release --force --gpu gpu1 --reason "agent crashed"
     """
@@ -320,13 +378,19 @@ def release(allocation, gpu, force, reason, bus, as_json):
         raise click.UsageError("name the claim with exactly one of --allocation or --gpu")
     if gpu and not force:
         raise click.UsageError("--gpu releases by force: add --force")
+    if gpu and dry_run:
+        raise click.UsageError("--dry-run works with --allocation")
     with client(bus) as c:
         if gpu:
             ref, warnings = c.release_gpu(gpu, reason), []
         else:
-            ref, warnings = allocation, c.release(allocation, force=force)
+            ref, warnings = allocation, c.release(allocation, force=force, dry_run=dry_run)
     if as_json:
-        emit_json({"released": ref, "warnings": warnings})
+        emit_json({"dry_run": True, "would_release": ref, "warnings": warnings} if dry_run
+                  else {"released": ref, "warnings": warnings})
+    elif dry_run:
+        _warn(warnings)
+        click.echo(f"gpuctl: would release {ref} (dry run: nothing released)", err=True)
     elif gpu:
         click.echo(f"released {ref}", err=True)
     else:

@@ -22,9 +22,17 @@ refused.
 
 import hashlib
 import json
+from collections import Counter
 from dataclasses import asdict, dataclass, replace
 
-from ..errors import InvalidRequest, NoSuchClaim, NotClaimOwner, NotEnoughCapacity, quoted
+from ..errors import (
+    InvalidRequest,
+    LimitExceeded,
+    NoSuchClaim,
+    NotClaimOwner,
+    NotEnoughCapacity,
+    quoted,
+)
 from .claims import Demand, check_text
 from .clock import LAST_INSTANT, Deadlines, utc_text
 from .pools import format_amount
@@ -41,6 +49,8 @@ class Limits:
     horizon: float = 30 * 86400       # how far ahead a booking may start
     per_user: int = 64                # live (scheduled or active) bookings of one user
     retention: float = 30 * 86400     # how long ended bookings stay queryable
+    gpu_hours_per_user: float = 0     # GPU-hours of one user's live bookings
+    gpu_hours_per_session: float = 0  # ... of one session's
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,12 @@ class Booking:
     ended_by: int = -1
     reason: str = ""
     ended_usec: int = 0
+    session: str = ""              # the agent session it belongs to
+
+    @property
+    def gpu_usec(self) -> int:
+        """What it weighs against the GPU-hour limits: GPUs (a share: one) times length."""
+        return max(len(self.gpus), 1 if self.gpus else 0) * (self.end_usec - self.start_usec)
 
     def hold(self) -> Hold:
         d = self.request.demand
@@ -139,6 +155,7 @@ class Calendar:
         self._ops: dict[tuple[int, str], tuple[str, str]] = {}  # (uid, op id) -> (fingerprint, id)
         self._due = Deadlines()  # booking id -> its start (scheduled) or end (active)
         self._live_of: dict[int, int] = {}  # uid -> its scheduled and active bookings
+        self._booked_of: Counter = Counter()  # uid, and (uid, session) -> live GPU-usec
 
     def load(self, bookings: dict[str, Booking], blackouts: dict[str, Blackout],
              notices: dict[str, Notice]) -> list[Booking]:
@@ -178,7 +195,7 @@ class Calendar:
 
     # -- booking -----------------------------------------------------------------------
     def book(self, request: BookingRequest, booking_id: str, uid: int, user: str, now: int,
-             op_id: str = "") -> tuple[Booking, str, list[BookingEvent]]:
+             op_id: str = "", session: str = "") -> tuple[Booking, str, list[BookingEvent]]:
         """Admit a booking; returns it with ``created`` (or ``exists``: an op id replayed)."""
         if op_id:
             seen = self._ops.get((uid, op_id))
@@ -188,10 +205,13 @@ class Calendar:
                 return self.bookings[seen[1]], "exists", []
         live = self._live_of.get(uid, 0)
         if uid != 0 and self.limits.per_user and live >= self.limits.per_user:
-            raise InvalidRequest(f"uid {uid} already has {live} bookings, the most one user may")
+            raise LimitExceeded(f"uid {uid} already has {live} bookings, the most one user may "
+                                "have (max_bookings_per_user)")
         start, gpus, share = self._admit(request, now)
         booking = Booking(booking_id, uid, user, request, start, start + request.duration_usec,
-                          gpus, share, now, op_id, request.fingerprint() if op_id else "")
+                          gpus, share, now, op_id, request.fingerprint() if op_id else "",
+                          session=session)
+        self._check_hours(booking)
         self._put(booking)
         if op_id:
             self._ops[(uid, op_id)] = (request.fingerprint(), booking_id)
@@ -211,9 +231,10 @@ class Calendar:
                                  "(extend, or shrink down to now)")
         start, gpus, share = self._admit(request, now, ignore=frozenset({booking_id}),
                                          kept=(old.start_usec, old.end_usec))
-        return self._replace(replace(old, request=request, start_usec=start,
-                                     end_usec=start + request.duration_usec, gpus=gpus,
-                                     share=share), "changed")
+        new = replace(old, request=request, start_usec=start,
+                      end_usec=start + request.duration_usec, gpus=gpus, share=share)
+        self._check_hours(new, old)
+        return self._replace(new, "changed")
 
     def set_end(self, booking_id: str, end_usec: int, uid: int, now: int,
                 admin: bool = False, op_id: str = "", by_usec: int = 0,
@@ -245,7 +266,9 @@ class Calendar:
                 raise NotEnoughCapacity(f"booking {booking_id} cannot be extended to that end: "
                                         "its GPUs or amounts are booked then")
         request = replace(old.request, duration_usec=end_usec - old.start_usec)
-        return self._replace(replace(old, request=request, end_usec=end_usec), "changed")
+        new = replace(old, request=request, end_usec=end_usec)
+        self._check_hours(new, old)
+        return self._replace(new, "changed")
 
     def cancel(self, booking_id: str, uid: int, now: int, admin: bool = False,
                reason: str = "", op_id: str = "") -> tuple[Booking, list[BookingEvent]]:
@@ -353,6 +376,11 @@ class Calendar:
             uid = self.bookings[booking_id].uid
             per_user[uid] = per_user.get(uid, 0) + 1
         assert per_user == self._live_of, "live bookings per user"
+        booked: Counter = Counter()
+        for booking_id in live:
+            b = self.bookings[booking_id]
+            booked.update({b.uid: b.gpu_usec, (b.uid, b.session): b.gpu_usec})
+        assert +booked == self._booked_of, "GPU-usec booked per user and session"
         for booking_id in live:
             assert self.timeline.holds[booking_id] == self.bookings[booking_id].hold()
 
@@ -468,6 +496,24 @@ class Calendar:
         return [h.end for h in self.timeline.holds.values() if h.end is not None] + [
             b.end_usec for b in self.blackouts.values()]
 
+    def _check_hours(self, booking: Booking, old: Booking | None = None) -> None:
+        """Refuse a booking (or a change: ``old`` is what it replaces) that takes its user or
+        session past their GPU-hours (root is exempt)."""
+        if booking.uid == 0 or (old is not None and booking.gpu_usec <= old.gpu_usec):
+            return
+        added = booking.gpu_usec - (old.gpu_usec if old is not None else 0)
+        for key, most, name in (
+                (booking.uid, self.limits.gpu_hours_per_user, "max_booked_gpu_hours_per_user"),
+                ((booking.uid, booking.session), self.limits.gpu_hours_per_session,
+                 "max_booked_gpu_hours_per_session")):
+            booked = self._booked_of[key]
+            if most and booked + added > most * 3600e6:
+                whose = f"uid {booking.uid}" if name.endswith("user") else \
+                    f"session {booking.session}"
+                raise LimitExceeded(
+                    f"{whose} has {booked / 3600e6:g} GPU-hour(s) booked; {added / 3600e6:g} "
+                    f"more would pass the most allowed, {most:g} ({name})")
+
     def _own(self, booking_id: str, uid: int, admin: bool) -> Booking:
         booking = self.bookings.get(booking_id)
         if booking is None:
@@ -488,6 +534,8 @@ class Calendar:
             self._due.set(booking.id, booking.start_usec if booking.state == SCHEDULED
                           else booking.end_usec)
             self._live_of[booking.uid] = self._live_of.get(booking.uid, 0) + 1
+            for key in (booking.uid, (booking.uid, booking.session)) if booking.gpu_usec else ():
+                self._booked_of[key] += booking.gpu_usec
 
     def _drop(self, booking: Booking) -> None:
         """Undo what ``_put`` did for a live booking."""
@@ -497,6 +545,10 @@ class Calendar:
             self._live_of[booking.uid] -= 1
             if not self._live_of[booking.uid]:
                 del self._live_of[booking.uid]
+            for key in (booking.uid, (booking.uid, booking.session)) if booking.gpu_usec else ():
+                self._booked_of[key] -= booking.gpu_usec
+                if not self._booked_of[key]:
+                    del self._booked_of[key]
 
     def _replace(self, booking: Booking, what: str) -> tuple[Booking, list[BookingEvent]]:
         self._drop(self.bookings[booking.id])

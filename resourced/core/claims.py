@@ -65,6 +65,7 @@ class ClaimRequest:
     reclaimable: bool = False
     queue_deadline_usec: int = 0  # when waiting, leave the queue then; 0 = never
     end_usec: int = 0  # when granted, end then; 0 = no end
+    session: str = ""  # the agent session it belongs to (see check_session)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -75,6 +76,26 @@ class ClaimRequest:
 
 MAX_TEXT = 256
 """The longest label or task name: a line of a status table, not a document."""
+
+
+MAX_SESSION = 64
+SESSION_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._@+-")
+
+
+def default_session(sid: int) -> str:
+    """The session of a request that names none: its process's Unix session (``ps -o
+    sid``): everything started from one terminal, one agent or one service."""
+    return f"sid:{sid}"
+
+
+def check_session(name: str) -> None:
+    """A session a caller names: 1 to MAX_SESSION letters, digits and ``._@+-``, or a
+    default one (``sid:N``)."""
+    if name.startswith("sid:") and name[4:].isdigit() and name[4:].isascii():
+        return
+    if not 0 < len(name) <= MAX_SESSION or not set(name) <= SESSION_CHARACTERS:
+        raise InvalidRequest(f"session {quoted(name)} must be 1 to {MAX_SESSION} letters, digits "
+                             "or . _ @ + -")
 
 
 def check_text(name: str, text: str) -> None:
@@ -123,10 +144,16 @@ class Claim:
     until_usec: int = 0           # once granted: held until then (its end, or a booking's
     until_booking: str = ""       # start: that booking's id); 0 = no end
     overdue: bool = False         # past until_usec: a booking may ask it back
+    session: str = ""             # the agent session it belongs to
 
     @property
     def shared(self) -> bool:
         return self.demand.vram > 0
+
+    @property
+    def gpu_count(self) -> int:
+        """The GPUs it counts against a limit: whole ones, or one for a VRAM share."""
+        return self.demand.gpus or (1 if self.demand.vram else 0)
 
     def processes(self) -> frozenset[ProcessRef]:
         """The processes known to be the claim's: the owner (while alive) and the members."""

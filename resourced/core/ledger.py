@@ -131,8 +131,17 @@ class ClaimEnding(_ClaimEvent):
     """A granted claim must give back soon (at ``claim.until_usec``): a warning."""
 
 
+@dataclass(frozen=True)
+class StopAsked(_ClaimEvent):
+    """``gpuctl stop`` ends the claim's session: the claim is told (its command gets the
+    reclaim signal) just before it is released."""
+
+    by: int
+    reason: str
+
+
 Event = (ClaimQueued | ClaimGranted | ClaimReleased | OwnerDied | MembersChanged
-         | ReclaimAsked | ReclaimWithdrawn | UntilChanged | ClaimEnding)
+         | ReclaimAsked | ReclaimWithdrawn | UntilChanged | ClaimEnding | StopAsked)
 
 
 class Ledger:
@@ -148,8 +157,11 @@ class Ledger:
         self._no_wait: set[str] = set()                # queued for one walk only
         self._queue: list[Claim] = []                  # waiting claims, in serving order
         self._lanes: dict[str, list[Claim]] = {}       # want -> the waiting claims with it
-        self._claims_of: Counter[int] = Counter()      # uid -> its claims, any state
-        self._waiting_of: Counter[int] = Counter()     # uid -> its waiting claims
+        # uid, and (uid, session) -> its claims (any state), waiting claims, GPUs (whole,
+        # or one per share; granted or waited for): what the limits count
+        self._claims_of: Counter = Counter()
+        self._waiting_of: Counter = Counter()
+        self._gpus_of: Counter = Counter()
         self._gpu_waiting = 0                          # waiting claims that want GPUs/VRAM
         self._reclaimable: set[str] = set()            # granted claims that may be asked back
         self._asked: set[str] = set()                  # claims asked back now (reclaim_for)
@@ -191,9 +203,10 @@ class Ledger:
         """Whether a waiting claim wants GPUs or VRAM (a walk then needs fresh evidence)."""
         return self._gpu_waiting > 0
 
-    def counts_of(self, uid: int) -> tuple[int, int]:
-        """(claims, waiting claims) of one user."""
-        return self._claims_of[uid], self._waiting_of[uid]
+    def counts_of(self, uid: int, session: str | None = None) -> tuple[int, int, int]:
+        """(claims, waiting claims, GPUs) of one user, or of one of its sessions."""
+        key = uid if session is None else (uid, session)
+        return self._claims_of[key], self._waiting_of[key], self._gpus_of[key]
 
     def describe(self, d: Demand) -> str:
         """``2 GPU(s), ram 32G, cpu 8`` for logs and messages."""
@@ -240,7 +253,7 @@ class Ledger:
             reclaimable=request.reclaimable, state=QUEUED, seq=self._seq,
             members=request.members - {request.owner},
             queue_deadline_usec=request.queue_deadline_usec if wait else 0,
-            end_usec=request.end_usec,
+            end_usec=request.end_usec, session=request.session,
         )
         self._add(claim)
         if not wait:
@@ -257,7 +270,7 @@ class Ledger:
 
     def start_booking(self, booking_id: str, demand: Demand, on: tuple[str, ...], uid: int,
                       user: str, label: str, task_name: str, now_usec: int, end_usec: int,
-                      busy: frozenset[str] | None = frozenset()) -> list[Event]:
+                      busy: frozenset[str] | None = frozenset(), session: str = "") -> list[Event]:
         """A booking starts: its claim (same id, mode ``booking``, no process) waits at the
         head of the queue for exactly its GPUs and is granted at once when they are free,
         as the calendar made sure; if a claim overstays, it is asked back."""
@@ -268,7 +281,7 @@ class Ledger:
                       uid=uid, user=user, label=label, task_name=task_name,
                       created_usec=now_usec, priority=BOOKING_PRIORITY, state=QUEUED,
                       seq=self._seq, owner_alive=False, end_usec=end_usec, on=on,
-                      until_usec=end_usec)
+                      until_usec=end_usec, session=session)
         self._add(claim)
         return [ClaimQueued(claim), *self._schedule(busy)]
 
@@ -521,19 +534,19 @@ class Ledger:
     # -- indexes ---------------------------------------------------------------------
     def _add(self, claim: Claim) -> None:
         self.claims[claim.id] = claim
-        self._claims_of[claim.uid] += 1
+        _count(self._claims_of, claim, 1)
+        _count(self._gpus_of, claim, claim.gpu_count)
         if claim.state == QUEUED:
             bisect.insort(self._queue, claim, key=_rank)
             for want in _wants(claim.demand):
                 bisect.insort(self._lanes.setdefault(want, []), claim, key=_rank)
-            self._waiting_of[claim.uid] += 1
+            _count(self._waiting_of, claim, 1)
             self._gpu_waiting += bool(claim.demand.gpus or claim.demand.vram)
 
     def _remove(self, claim: Claim) -> None:
         del self.claims[claim.id]
-        self._claims_of[claim.uid] -= 1
-        if not self._claims_of[claim.uid]:
-            del self._claims_of[claim.uid]
+        _count(self._claims_of, claim, -1)
+        _count(self._gpus_of, claim, -claim.gpu_count)
         if claim.state == QUEUED:
             self._unqueue(claim)
 
@@ -543,9 +556,7 @@ class Ledger:
             assert queue[i] is claim, f"{claim.id} is not where the queue says"
             del queue[i]
         self._gpu_waiting -= bool(claim.demand.gpus or claim.demand.vram)
-        self._waiting_of[claim.uid] -= 1
-        if not self._waiting_of[claim.uid]:
-            del self._waiting_of[claim.uid]
+        _count(self._waiting_of, claim, -1)
 
     # -- holding ---------------------------------------------------------------------
     def _hold(self, claim: Claim, whole: tuple[str, ...], share: str) -> None:
@@ -703,8 +714,9 @@ class Ledger:
         lanes = {want: [c for c in waiting if want in _wants(c.demand)] for want in self._lanes}
         assert lanes == self._lanes and set(self._lanes) >= {w for c in waiting
                                                              for w in _wants(c.demand)}, "lanes"
-        assert Counter(c.uid for c in self.claims.values()) == self._claims_of, "claims per user"
-        assert Counter(c.uid for c in waiting) == self._waiting_of, "waiting claims per user"
+        assert _counted(self.claims.values()) == self._claims_of, "claims per user and session"
+        assert _counted(waiting) == self._waiting_of, "waiting claims per user and session"
+        assert _counted(self.claims.values(), lambda c: c.gpu_count) == self._gpus_of, "GPUs"
         assert sum(bool(c.demand.gpus or c.demand.vram) for c in waiting) == self._gpu_waiting
         granted = [c for c in self.claims.values() if c.state == GRANTED]
         assert {c.id for c in granted if c.reclaimable or c.overdue} == self._reclaimable, \
@@ -725,6 +737,23 @@ def _wants(d: Demand) -> list[str]:
 
 
 _NEVER = 2**63
+
+
+def _count(counter: Counter, claim: Claim, delta: int) -> None:
+    """Add ``delta`` to the claim's user and session in ``counter`` (keys at 0 go)."""
+    if not delta:
+        return
+    for key in (claim.uid, (claim.uid, claim.session)):
+        counter[key] += delta
+        if not counter[key]:
+            del counter[key]
+
+
+def _counted(claims: Iterable[Claim], amount=lambda c: 1) -> Counter:
+    counter: Counter = Counter()
+    for claim in claims:
+        _count(counter, claim, amount(claim))
+    return counter
 
 
 def _rank(claim: Claim) -> tuple[int, int]:

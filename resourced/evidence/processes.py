@@ -102,6 +102,14 @@ def process_uid(pid: int) -> int | None:
     return None
 
 
+def process_session(pid: int) -> int | None:
+    """The Unix session id of a process (field 6 of its stat), or None if it is gone."""
+    try:
+        return int(_stat_fields(pid)[3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def boot_id() -> str:
     with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
         return f.read().strip()

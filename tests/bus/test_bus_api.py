@@ -214,7 +214,7 @@ def test_a_refused_call_has_its_error_name_and_changes_nothing(daemon, case):
     run(scenario())
 
 
-@pytest.mark.parametrize("flags", [1 << 1, 1 << 63], ids=["bit1", "bit63"])
+@pytest.mark.parametrize("flags", [1 << 2, 1 << 63], ids=["bit2", "bit63"])
 def test_release_with_an_unknown_flag_bit_is_invalid_and_keeps_the_claim(daemon, flags):
     async def scenario():
         peer = await Peer.connect(daemon.bus.address)

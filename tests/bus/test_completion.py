@@ -22,7 +22,7 @@ def complete(words: str) -> list[str]:
 
 @pytest.mark.parametrize("words, offered", [
     ("gpuctl rel", ["release"]),
-    ("gpuctl st", ["status"]),
+    ("gpuctl st", ["status", "stop"]),
     ("gpuctl release --gpu gpu", ["gpu0", "gpu1", "gpu2", "gpu3"]),
 ])
 def test_subcommands_and_gpus(daemon, words, offered):
