@@ -194,7 +194,7 @@ def end_message(ref: str, by=None, until=None, op_id: str = "", dry_run: bool = 
                        ("a{sv}", options))
 
 
-_SPECIAL = {"UID": "uid", "OpID": "op_id", "GPUUUIDs": "gpu_uuids", "GPUIndices": "gpu_indices",
+_SPECIAL = {"UID": "uid", "UUID": "uuid", "OpID": "op_id", "GPUUUIDs": "gpu_uuids", "GPUIndices": "gpu_indices",
             "GPUs": "gpus", "VRAMBytes": "vram_bytes", "EndedBy": "ended_by"}
 
 

@@ -283,7 +283,18 @@ class _Base:
 
     @staticmethod
     def _decode_verify(body: tuple) -> list[dict]:
-        return [_plain(report) for report in body[0]]
+        """Verify's reports with snake_case keys, as every other record (``uuid``,
+        ``status``, ``processes`` with ``pid``...)."""
+        from .booking_calls import snake
+
+        def keyed(value):
+            if isinstance(value, dict):
+                return {snake(k): keyed(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [keyed(v) for v in value]
+            return value
+
+        return [keyed(_plain(report)) for report in body[0]]
 
     def _unreachable(self, bus: str, exc: Exception) -> DaemonUnreachable:
         """The bus itself could not be reached (or stopped answering)."""
@@ -508,8 +519,8 @@ class Client(_Base):
         return self._send(self._get_property("FreeGPUs"))[0][1]
 
     def verify(self) -> list[dict]:
-        """Per GPU: Status (OK, IDLE CLAIM, UNCLAIMED USE, FOREIGN PROCESS, OVERDUE, MISSING, UNKNOWN),
-        Claim, Processes (Pid, User, Command, Claim, Ambiguous, ...)."""
+        """Per GPU: status (OK, IDLE CLAIM, UNCLAIMED USE, FOREIGN PROCESS, OVERDUE, MISSING,
+        UNKNOWN), claim, processes (pid, user, command, claim, ambiguous, ...)."""
         return self._decode_verify(self._send(self._call("Verify")))
 
     def ping(self) -> None:

@@ -13,6 +13,7 @@ from dbus_fast import Variant
 from .. import __version__
 from ..core.claims import Claim
 from ..core.inventory import pci_order
+from .names import JSON_SCHEMA
 
 LIMITS = ("max_claims_per_user", "max_waiting_per_user", "max_gpus_per_user",
           "max_claims_per_session", "max_gpus_per_session", "max_bookings_per_user",
@@ -43,6 +44,7 @@ class StateView:
     def _all_but_claims(self) -> dict:
         ledger = self.engine.ledger
         return {
+            "schema": JSON_SCHEMA,
             "version": __version__,
             "mode": self.mode,
             "backend": self.engine.backend.name,

@@ -179,13 +179,13 @@ def free(bus, as_json):
 def render_verify(reports: list[dict]) -> str:
     lines = []
     for r in reports:
-        claim = f" (claim {r['Claim']})" if r["Claim"] else ""
-        detail = f": {r['Detail']}" if r["Detail"] else ""
-        lines.append(f"{r['Alias'] or r['UUID']}  {r['Status']}{claim}{detail}")
-        for p in r["Processes"]:
-            whose = (f"claim {p['Claim']}" if p["Claim"] else
-                     f"cannot be attributed: {p['Ambiguous']}" if p["Ambiguous"] else "no claim")
-            lines.append(f"    pid {p['Pid']}  {p['User'] or '?'}  {p['Command'] or '?'}  [{whose}]")
+        claim = f" (claim {r['claim']})" if r["claim"] else ""
+        detail = f": {r['detail']}" if r["detail"] else ""
+        lines.append(f"{r['alias'] or r['uuid']}  {r['status']}{claim}{detail}")
+        for p in r["processes"]:
+            whose = (f"claim {p['claim']}" if p["claim"] else
+                     f"cannot be attributed: {p['ambiguous']}" if p["ambiguous"] else "no claim")
+            lines.append(f"    pid {p['pid']}  {p['user'] or '?'}  {p['command'] or '?'}  [{whose}]")
     return "\n".join(lines)
 
 
@@ -202,13 +202,14 @@ def verify(bus, as_json):
 
     Example: gpuctl verify --json
     """
+    from ..bus.names import JSON_SCHEMA
     from ..core.verify import PROBLEMS
 
     with client(bus) as c:
         reports = c.verify()
-    problems = any(r["Status"] in PROBLEMS for r in reports)
+    problems = any(r["status"] in PROBLEMS for r in reports)
     if as_json:
-        emit_json({"gpus": reports, "problems": problems})
+        emit_json({"schema": JSON_SCHEMA, "gpus": reports, "problems": problems})
     else:
         echo_table(render_verify(reports))
     return 1 if problems else 0

@@ -483,9 +483,9 @@ def test_a_claim_on_a_gpu_booked_later_holds_until_the_booking(clocked_daemon, c
     # Its owner sees who holds it; verify shows the GPU as OVERDUE.
     assert booking(b["id"])["waiting_for"] == [ref]
     with client() as c:
-        held = [r for r in c.verify() if r["Claim"] == ref]
-        assert [r["Status"] for r in held] == ["OVERDUE"]
-        assert b["id"] in held[0]["Detail"]
+        held = [r for r in c.verify() if r["claim"] == ref]
+        assert [r["status"] for r in held] == ["OVERDUE"]
+        assert b["id"] in held[0]["detail"]
         c.release(ref)
     eventually(lambda: booking(b["id"])["claim_state"] == "granted", CLOCK_TIMEOUT)
     assert set(gpu_states().values()) == {"claimed"}

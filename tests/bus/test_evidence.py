@@ -170,7 +170,7 @@ def verify() -> tuple[int, dict]:
 
 
 def report(data: dict, alias: str) -> dict:
-    [r] = [g for g in data["gpus"] if g["Alias"] == alias]
+    [r] = [g for g in data["gpus"] if g["alias"] == alias]
     return r
 
 
@@ -234,10 +234,10 @@ def test_idle_gpus_and_an_idle_claim_are_no_problem(start_daemon, sim, procs):
     code, data = verify()
 
     assert code == 0 and data["problems"] is False
-    assert [(g["Alias"], g["Status"], g["Claim"], g["Processes"]) for g in data["gpus"]] == [
+    assert [(g["alias"], g["status"], g["claim"], g["processes"]) for g in data["gpus"]] == [
         ("gpu0", "IDLE CLAIM", ref, []), ("gpu1", "OK", "", []),
         ("gpu2", "OK", "", []), ("gpu3", "OK", "", [])]
-    assert data["gpus"][0]["UUID"] == simulated_uuid(0)
+    assert data["gpus"][0]["uuid"] == simulated_uuid(0)
 
 
 def test_a_process_on_an_unclaimed_gpu_is_unclaimed_use(start_daemon, sim, procs):
@@ -249,13 +249,27 @@ def test_a_process_on_an_unclaimed_gpu_is_unclaimed_use(start_daemon, sim, procs
 
     assert code == 1 and data["problems"] is True
     gpu2 = report(data, "gpu2")
-    assert (gpu2["Status"], gpu2["Claim"]) == ("UNCLAIMED USE", "")
-    [p] = gpu2["Processes"]
-    assert {k: p[k] for k in ("Pid", "User", "Command", "Claim", "Ambiguous", "UID")} == {
-        "Pid": stray.pid, "User": USER, "Command": "sleep 61", "Claim": "", "Ambiguous": "",
-        "UID": os.getuid()}
-    assert p["UsedMemoryBytes"] == 512 * 1024 * 1024
-    assert [g["Status"] for g in data["gpus"] if g["Alias"] != "gpu2"] == ["OK"] * 3
+    assert (gpu2["status"], gpu2["claim"]) == ("UNCLAIMED USE", "")
+    [p] = gpu2["processes"]
+    assert {k: p[k] for k in ("pid", "user", "command", "claim", "ambiguous", "uid")} == {
+        "pid": stray.pid, "user": USER, "command": "sleep 61", "claim": "", "ambiguous": "",
+        "uid": os.getuid()}
+    assert p["used_memory_bytes"] == 512 * 1024 * 1024
+    assert [g["status"] for g in data["gpus"] if g["alias"] != "gpu2"] == ["OK"] * 3
+    gpu_keys, process_keys = documented_verify_keys()
+    assert (set(data) == {"schema", "gpus", "problems"} and data["schema"] == 1)
+    assert all(set(g) == gpu_keys for g in data["gpus"]) and set(p) == process_keys
+
+
+def documented_verify_keys() -> tuple[set[str], set[str]]:
+    """The keys the README promises for each GPU and each process of verify --json."""
+    import re
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
+    found = re.search(r"each GPU has the keys (.*?), and each process (.*?) \(", text)
+    assert found, "the README no longer documents verify's keys"
+    return tuple(set(re.findall(r"`(\w+)`", part)) for part in found.groups())
 
 
 def test_a_process_of_nobody_on_a_claimed_gpu_is_a_foreign_process(start_daemon, sim, procs):
@@ -268,9 +282,9 @@ def test_a_process_of_nobody_on_a_claimed_gpu_is_a_foreign_process(start_daemon,
 
     assert code == 1 and data["problems"] is True
     gpu = report(data, f"gpu{gpu_of(ref)}")
-    assert (gpu["Status"], gpu["Claim"]) == ("FOREIGN PROCESS", ref)
-    assert [(p["Pid"], p["User"], p["Command"], p["Claim"], p["Ambiguous"])
-            for p in gpu["Processes"]] == [(intruder.pid, USER, "sleep 62", "", "")]
+    assert (gpu["status"], gpu["claim"]) == ("FOREIGN PROCESS", ref)
+    assert [(p["pid"], p["user"], p["command"], p["claim"], p["ambiguous"])
+            for p in gpu["processes"]] == [(intruder.pid, USER, "sleep 62", "", "")]
 
 
 def test_human_verify_lists_pid_user_and_command_of_each_process(start_daemon, sim, procs):
@@ -299,8 +313,8 @@ def test_a_gpu_dropped_by_the_driver_after_start_is_missing(start_daemon, sim, p
 
     assert code == 1 and data["problems"] is True
     gpu3 = report(data, "gpu3")
-    assert (gpu3["Status"], gpu3["Detail"]) == ("MISSING", "the driver does not report this GPU")
-    assert [g["Status"] for g in data["gpus"][:3]] == ["OK"] * 3
+    assert (gpu3["status"], gpu3["detail"]) == ("MISSING", "the driver does not report this GPU")
+    assert [g["status"] for g in data["gpus"][:3]] == ["OK"] * 3
     # ... and a GPU the driver does not report is never granted.
     owner = procs.sleep()
     assert gpuctl("claim", "--owner-pid", str(owner.pid), "--gpus", "4").returncode == 4
@@ -317,8 +331,8 @@ def test_a_driver_that_does_not_answer_makes_every_gpu_unknown(start_daemon, sim
     elapsed = time.monotonic() - t0
 
     assert code == 1 and data["problems"] is True
-    assert [g["Status"] for g in data["gpus"]] == ["UNKNOWN"] * 4
-    assert all("did not answer within 1 s" in g["Detail"] for g in data["gpus"])
+    assert [g["status"] for g in data["gpus"]] == ["UNKNOWN"] * 4
+    assert all("did not answer within 1 s" in g["detail"] for g in data["gpus"])
     assert elapsed < 2.5
     kill_now(d)
 
@@ -336,8 +350,8 @@ def test_a_child_of_the_owner_on_the_claims_gpu_is_the_claims(start_daemon, sim,
 
     assert code == 0
     gpu = report(data, f"gpu{gpu_of(ref)}")
-    assert gpu["Status"] == "OK"
-    assert [(p["Pid"], p["Claim"], p["Ambiguous"], p["Command"]) for p in gpu["Processes"]] == [
+    assert gpu["status"] == "OK"
+    assert [(p["pid"], p["claim"], p["ambiguous"], p["command"]) for p in gpu["processes"]] == [
         (child, ref, "", "sleep 30")]
 
 
@@ -358,14 +372,14 @@ def test_a_member_reparented_to_init_stays_the_claims(start_daemon, sim, procs):
 
     code, data = verify()
     gpu = report(data, f"gpu{gpu_of(ref)}")
-    assert (code, gpu["Status"], gpu["Processes"][0]["Claim"]) == (0, "OK", ref)
+    assert (code, gpu["status"], gpu["processes"][0]["claim"]) == (0, "OK", ref)
 
     finish(owner)  # now the owner itself exits
     owner.wait(5)
     eventually(lambda: claims()[ref]["owner_alive"] is False)
     code, data = verify()
     gpu = report(data, f"gpu{gpu_of(ref)}")
-    assert (code, gpu["Status"], gpu["Processes"][0]["Claim"]) == (0, "OK", ref)
+    assert (code, gpu["status"], gpu["processes"][0]["claim"]) == (0, "OK", ref)
     assert child in member_pids(ref)
 
 
@@ -382,11 +396,11 @@ def test_a_listed_pid_that_does_not_exist_here_is_ambiguous(start_daemon, sim, p
     assert code == 1
     on_claim = report(data, f"gpu{gpu_of(ref)}")
     unclaimed = report(data, "gpu3")
-    assert (on_claim["Status"], unclaimed["Status"]) == ("FOREIGN PROCESS", "UNCLAIMED USE")
+    assert (on_claim["status"], unclaimed["status"]) == ("FOREIGN PROCESS", "UNCLAIMED USE")
     for gpu in (on_claim, unclaimed):
-        [p] = gpu["Processes"]
-        assert (p["Pid"], p["Claim"], p["User"], p["Command"]) == (ghost, "", "", "")
-        assert "not visible" in p["Ambiguous"]
+        [p] = gpu["processes"]
+        assert (p["pid"], p["claim"], p["user"], p["command"]) == (ghost, "", "", "")
+        assert "not visible" in p["ambiguous"]
     human = gpuctl("verify").stdout
     assert f"pid {ghost}  ?  ?  [cannot be attributed: not visible" in human
 
@@ -748,8 +762,8 @@ def test_a_restored_owner_whose_pid_now_names_another_process_is_dead(start_daem
     assert run not in restored                    # a run claim ends with its owner
     code, data = verify()
     gpu0 = report(data, "gpu0")
-    assert (code, gpu0["Status"], gpu0["Claim"]) == (1, "FOREIGN PROCESS", dev)
-    assert gpu0["Processes"][0]["Claim"] == ""
+    assert (code, gpu0["status"], gpu0["claim"]) == (1, "FOREIGN PROCESS", dev)
+    assert gpu0["processes"][0]["claim"] == ""
     r = gpuctl("release", "--allocation", dev)    # not the claim's process: no refusal
     assert (r.returncode, r.stderr) == (0, "")
 
@@ -795,7 +809,7 @@ def test_init_writes_a_config_that_checks_and_restricts_the_managed_gpus(start_d
     assert sorted(claims()[ref]["gpu_uuids"]) == [simulated_uuid(i) for i in (0, 1, 3)]
     code, data = verify()
     assert code == 0
-    assert [(g["Alias"], g["Status"]) for g in data["gpus"]] == [
+    assert [(g["alias"], g["status"]) for g in data["gpus"]] == [
         ("gpu0", "IDLE CLAIM"), ("gpu1", "IDLE CLAIM"), ("gpu3", "IDLE CLAIM")]
 
 
@@ -812,7 +826,7 @@ def test_a_configured_gpu_the_driver_lacks_is_missing(start_daemon, sim, tmp_pat
 
     assert code == 1 and data["problems"] is True
     ghost_report = report(data, "ghost")
-    assert {k: ghost_report[k] for k in ("UUID", "Index", "Status", "Claim")} == {
-        "UUID": ghost, "Index": 9, "Status": "MISSING", "Claim": ""}
-    assert [g["Status"] for g in data["gpus"] if g["Alias"] != "ghost"] == ["OK"] * 4
+    assert {k: ghost_report[k] for k in ("uuid", "index", "status", "claim")} == {
+        "uuid": ghost, "index": 9, "status": "MISSING", "claim": ""}
+    assert [g["status"] for g in data["gpus"] if g["alias"] != "ghost"] == ["OK"] * 4
     assert f"configured GPU {ghost} is not present" in d.log()

@@ -245,7 +245,7 @@ def test_everyone_can_read(rig, key):
     assert json.loads(ok(rig.gpuctl(key, "free", "--json"))) == {"free": 1}
     report = json.loads(ok(rig.gpuctl(key, "verify", "--json")))
     assert report["problems"] is False and len(report["gpus"]) == NGPUS
-    assert {r["Claim"] for r in report["gpus"]} == {*refs, ""}
+    assert {r["claim"] for r in report["gpus"]} == {*refs, ""}
     # And the bus calls behind them: no error names.
     for member in ("Describe", "ListClaims", "ListGPUs", "Verify"):
         result = rig.call(key, member)
