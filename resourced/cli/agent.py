@@ -7,16 +7,12 @@ prints the rules an agent follows; ``skill install`` writes them as an Agent Ski
 folder (``SKILL.md`` with its front matter) and nowhere else.
 """
 
-import os
-import shlex
 from pathlib import Path
 
 import click
 
 from ._options import Amount, Duration, bus_option, client, emit_json, json_option
 
-SCHEMA = 1
-"""The version of ``agent context --json``: keys are added, never changed, within one."""
 SKILL_NAME = "resourced-gpus"
 SKILL_DIRS = {"claude": "~/.claude/skills"}
 """Where an agent loads personal skills from, where its makers document it (others: --dir)."""
@@ -43,13 +39,20 @@ program that ignores it, so follow these rules; every other user relies on them.
    first one ("exists"), never a second booking.
 5. When a claim is asked back (a booking starts, or a waiter of higher priority needs it),
    `gpuctl run` forwards the request as SIGUSR1: save and stop soon.
+   A person may stop your whole session at once (`gpuctl stop --session NAME`): your
+   commands get SIGUSR1, then SIGTERM 10 s later, and your claims are gone.
 6. Exit codes: 0 ok; 2 bad request (fix it, do not retry); 3 does not fit now (retry later,
    use --wait, or book: the message names the nearest start that fits); 4 the free GPUs
    run someone's unclaimed processes; 5 the daemon is unreachable; 6 unknown reference;
    7 not yours; 8 access denied; 9 your processes still use the GPUs (stop them first);
-   11 queue timeout; 12 a per-user limit reached (release something first).
+   11 queue timeout; 12 a per-user or per-session limit reached (release something
+   first; the message names the limit).
 7. Read `gpuctl status` and `gpuctl verify` rather than nvidia-smi alone: they say who
    holds what and whether anything runs that nobody claimed.
+8. Sessions: set `RESOURCED_SESSION=NAME` once (sub-agents inherit it), or pass
+   `--session NAME`; your claims and bookings are then one session, limited as one and
+   listed by `gpuctl sessions`. Try a write first with `--dry-run` (claim, run, book,
+   edit, extend, cancel, release, stop): the daemon decides, nothing changes.
 """
 
 
@@ -89,66 +92,10 @@ def context(bus, as_json):
 
 
 def _context(bus) -> dict:
-    from ..booking_calls import now_usec
-    from .bookings import iso_utc, with_times
+    from ..agent_context import context as gather
 
     with client(bus) as c:
-        state = c.status()
-        mine = c.bookings()
-        gpus = len(state["gpus"])
-        shapes = {"1 GPU for 1h": {"gpus": 1}} if gpus else {}
-        if gpus > 1:
-            shapes[f"{gpus} GPUs for 1h"] = {"gpus": gpus}
-        upcoming = {shape: next(iter(c.slots(3600, count=1, **ask)), None)
-                    for shape, ask in shapes.items()}
-        used = c.bus
-    uid = os.getuid()
-    claims = [c for c in state["claims"] if c["uid"] == uid]
-    free_gpus = [g["alias"] for g in state["gpus"] if g["state"] == "free"]
-    return {
-        "schema": SCHEMA,
-        "now": iso_utc(now_usec()),
-        "me": {"uid": uid, "user": _user(uid), "pid": os.getpid(), "parent_pid": os.getppid()},
-        "daemon": {"version": state["version"], "mode": state["mode"], "bus": used,
-                   "backend": state["backend"]},
-        "holding": {
-            "claims": [{k: c[k] for k in ("id", "mode", "state", "gpus", "gpu_indices",
-                                          "vram_bytes", "pools", "until_usec", "until_booking",
-                                          "task_name", "label")} for c in claims],
-            "bookings": [with_times(b) for b in mine if b["state"] != "ended"],
-        },
-        "free": {
-            "gpus": free_gpus,
-            "vram_bytes": {g["alias"]: g["memory_bytes"] - g["vram_used_bytes"]
-                           for g in state["gpus"] if g["state"] != "claimed"},
-            "pools": {p["name"]: p["free"] for p in state["pools"]},
-        },
-        "next": {shape: with_times(slot) if slot else None for shape, slot in upcoming.items()},
-        "queue": [{k: c[k] for k in ("id", "user", "priority", "gpus_requested", "vram_bytes",
-                                     "pools")}
-                  for ref in state["queue"] for c in state["claims"] if c["id"] == ref],
-        "health": {"level": state["health"]["level"],
-                   "checks": {c["name"]: c["level"] for c in state["health"]["checks"]}},
-        "notices": state.get("notices", []),
-        "limits": state.get("limits", {}),
-        "commands": {
-            "run": "gpuctl run --gpus 1 [--for 2h] [--wait] -- COMMAND",
-            "claim": f"gpuctl claim --gpus 1 --owner-pid {os.getppid()} --task-name WHAT",
-            "use_claim": "gpuctl run --allocation REF -- COMMAND",
-            "release": "gpuctl release --allocation REF",
-            "book": "gpuctl book --gpus 1 --for 1h --at WHEN --op-id ID",
-            "instructions": "gpuctl agent instructions",
-        },
-    }
-
-
-def _user(uid: int) -> str:
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+        return gather(c)
 
 
 @agent.command()
@@ -165,29 +112,10 @@ def recommend(gpus, vram, ram, cpu, duration, bus, as_json):
 
     Example: gpuctl agent recommend --gpus 2 --for 4h --json
     """
-    from ..booking_calls import now_usec
-    from ..core.clock import whole_second
-    from ..when import format_span
-    from .bookings import iso_utc
+    from ..agent_context import recommend as place
 
-    ask = {k: v for k, v in (("gpus", gpus), ("vram", vram), ("ram", ram), ("cpu", cpu))
-           if v is not None} or {"gpus": 1}
     with client(bus) as c:
-        found = c.slots(duration, count=1, **ask)
-        free = c.free()
-    amounts = [f"--{k} {v}" for k, v in ask.items()] + [f"--for {format_span(duration)}"]
-    if not found:
-        result = {"fits": False, "reason": "it fits nowhere within the booking horizon"}
-    elif found[0]["start_usec"] <= whole_second(now_usec()) and (
-            not ask.get("gpus") or free >= ask["gpus"]):
-        result = {"fits": True, "now": True, "gpu_indices": found[0]["gpu_indices"],
-                  "command": f"gpuctl run {' '.join(amounts)} -- COMMAND"}
-    else:
-        start = iso_utc(found[0]["start_usec"])
-        result = {"fits": True, "now": False, "start": start,
-                  "gpu_indices": found[0]["gpu_indices"],
-                  "command": f"gpuctl book {' '.join(amounts)} --at {shlex.quote(start)} "
-                             "--op-id ID"}
+        result = place(c, duration, gpus=gpus, vram=vram, ram=ram, cpu=cpu)
     if as_json:
         emit_json(result)
     elif not result["fits"]:

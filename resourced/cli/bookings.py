@@ -20,6 +20,7 @@ from ._options import (
     json_option,
     session_option,
 )
+from ..agent_context import iso_utc, with_times
 from .status import table
 
 MAX_ROWS = 50
@@ -485,21 +486,6 @@ def _show_one(booking: dict, as_json: bool, dry_run: bool = False) -> None:
                f"{_when(booking['end_usec'])}")
 
 
-def with_times(item: dict) -> dict:
-    """JSON: the record, plus its times as ISO 8601 (UTC) for people and scripts."""
-    out = dict(item)
-    for key in ("start", "end"):
-        if f"{key}_usec" in item:
-            out[key] = iso_utc(item[f"{key}_usec"])
-    return out
-
-
-def iso_utc(usec: int) -> str:
-    """ISO 8601 in UTC, to the second (time.strftime: 10 times datetime's speed, which
-    shows with thousands of records)."""
-    import time
-
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(usec // 1_000_000))
 
 
 def _when(usec: int) -> str:

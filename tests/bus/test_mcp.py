@@ -1,0 +1,293 @@
+"""resourced-mcp through the MCP SDK's own stdio client, against a real private daemon.
+
+Each test spawns the installed ``resourced-mcp`` (next to this interpreter) with this
+process's environment (the private bus, the simulated clock), talks to it with
+``mcp.client.stdio.stdio_client`` and ``ClientSession``, and gives up after TIMEOUT seconds.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+from mcp import ClientSession
+from mcp.client import stdio
+
+from resourced.client import Client
+
+from ..conftest import eventually
+from .test_agent import CONTEXT_KEYS
+
+SERVER = Path(sys.executable).with_name("resourced-mcp")
+TIMEOUT = 30
+WRITES = {"claim", "book", "release", "extend", "cancel"}
+READS = {"context", "recommend", "list", "usage"}
+
+
+def session(scenario, timeout: float = TIMEOUT):
+    """Run ``await scenario(session)`` against a fresh resourced-mcp; its result."""
+    async def main():
+        with anyio.fail_after(timeout):
+            params = stdio.StdioServerParameters(command=str(SERVER), env=dict(os.environ))
+            async with stdio.stdio_client(params) as (read, write), \
+                    ClientSession(read, write) as s:
+                await s.initialize()
+                return await scenario(s)
+
+    return anyio.run(main)
+
+
+async def call(s, tool: str, **arguments) -> dict:
+    """A tool's structured answer; fails the test on a tool error."""
+    result = await s.call_tool(tool, arguments)
+    assert not result.is_error, result.content[0].text
+    return result.structured_content
+
+
+async def refused(s, tool: str, **arguments) -> str:
+    """The text of a tool error (fails the test if the call succeeds)."""
+    result = await s.call_tool(tool, arguments)
+    assert result.is_error, result.structured_content
+    return result.content[0].text
+
+
+def test_tools_say_what_they_do_and_every_write_needs_an_operation_id():
+    async def scenario(s):
+        return {t.name: t for t in (await s.list_tools()).tools}, \
+            await s.call_tool("claim", {"gpus": 1})
+
+    tools, missing = session(scenario)
+    assert missing.is_error and "operation_id" in missing.content[0].text
+    assert set(tools) == READS | WRITES
+    for name in READS:
+        assert tools[name].annotations.read_only_hint is True, name
+    for name in WRITES:
+        hints = tools[name].annotations
+        assert hints.read_only_hint is False, name
+        assert hints.destructive_hint is (name in {"release", "cancel"}), name
+        assert hints.idempotent_hint is True, name
+        assert "operation_id" in tools[name].input_schema["required"], name
+        assert tools[name].input_schema["properties"]["dry_run"]["type"] == "boolean"
+    assert tools["claim"].input_schema["properties"]["owner_pid"]["anyOf"][0]["type"] == "integer"
+    assert "history" in tools["usage"].description
+
+
+def test_the_context_tool_is_the_agent_context(clocked_daemon):
+    clocked_daemon(gpus=2)
+
+    async def scenario(s):
+        return await call(s, "context"), await s.call_tool("context", {})
+
+    data, raw = session(scenario)
+    assert set(data) == CONTEXT_KEYS and data["schema"] == 1
+    assert data["me"]["uid"] == os.getuid() and data["now"] == "2026-12-01T09:00:00Z"
+    assert data["free"]["gpus"] == ["gpu0", "gpu1"]
+    assert json.loads(raw.content[0].text)["schema"] == 1   # the same as text, for any client
+
+
+def test_a_booking_is_replayed_by_its_operation_id_and_a_conflict_names_its_code(clocked_daemon):
+    clocked_daemon(gpus=4)
+
+    async def scenario(s):
+        first = await call(s, "book", operation_id="train-1", gpus=3, duration="1h",
+                           start="2026-12-01T10:00:00Z", task_name="train")
+        again = await call(s, "book", operation_id="train-1", gpus=3, duration="1h",
+                           start="2026-12-01T10:00:00Z", task_name="train")
+        conflict = await refused(s, "book", operation_id="train-2", gpus=2, duration="1h",
+                                 start="2026-12-01T10:30:00Z")
+        other = await refused(s, "book", operation_id="train-1", gpus=1, duration="2h")
+        mine = await call(s, "list")
+        return first, again, conflict, other, mine
+
+    first, again, conflict, other, mine = session(scenario)
+    assert first["status"] == "created" and again["status"] == "exists"
+    assert again["booking"]["id"] == first["booking"]["id"]
+    assert first["booking"]["start"] == "2026-12-01T10:00:00Z"
+    assert conflict.startswith("NotEnoughCapacity: "), conflict
+    assert other.startswith("InvalidArgs: "), other
+    assert [b["id"] for b in mine["bookings"]] == [first["booking"]["id"]]
+
+
+def test_a_dry_run_booking_changes_nothing(clocked_daemon):
+    clocked_daemon(gpus=2)
+
+    async def scenario(s):
+        await call(s, "book", operation_id="a", gpus=1, duration="1h", start="10:00")
+        before = await call(s, "list")
+        tried = await call(s, "book", operation_id="b", gpus=2, duration="2h", start="11:00",
+                           dry_run=True)
+        return before, tried, await call(s, "list")
+
+    before, tried, after = session(scenario)
+    assert tried["status"] == "dry-run" and tried["booking"]["start"] == "2026-12-01T11:00:00Z"
+    assert after["bookings"] == before["bookings"] and len(after["bookings"]) == 1
+    with Client() as c:
+        assert len(c.bookings()) == 1
+
+
+def test_extend_and_cancel_a_booking_with_operation_ids(clocked_daemon):
+    clocked_daemon(gpus=2)
+
+    async def scenario(s):
+        made = await call(s, "book", operation_id="b1", gpus=1, duration="1h", start="10:00")
+        ref = made["booking"]["id"]
+        longer = await call(s, "extend", operation_id="e1", booking=ref, by="30m")
+        replay = await call(s, "extend", operation_id="e1", booking=ref, by="30m")
+        both = await refused(s, "extend", operation_id="e2", booking=ref, by="1h", until="13:00")
+        gone = await call(s, "cancel", operation_id="c1", booking=ref, reason="not needed")
+        return longer, replay, both, gone
+
+    longer, replay, both, gone = session(scenario)
+    assert longer["end"] == replay["end"] == "2026-12-01T11:30:00Z"   # moved once
+    assert both.startswith("InvalidArgs: ")
+    assert gone["state"] == "ended"
+
+
+def test_claim_replay_and_release(clocked_daemon):
+    clocked_daemon(gpus=2)
+
+    async def scenario(s):
+        me = (await call(s, "context"))["me"]
+        took = await call(s, "claim", operation_id="c-1", gpus=1, task_name="tune")
+        again = await call(s, "claim", operation_id="c-1", gpus=1, task_name="tune")
+        other = await refused(s, "claim", operation_id="c-1", gpus=2)
+        short = await refused(s, "claim", operation_id="c-2", gpus=5)
+        held = await call(s, "list")
+        used = await call(s, "usage")
+        ref = took["allocation"]["ref"]
+        gave = await call(s, "release", operation_id="r-1", ref=ref)
+        replay = await call(s, "release", operation_id="r-1", ref=ref)
+        unknown = await refused(s, "release", operation_id="r-2", ref=ref)
+        return me, took, again, other, short, held, used, gave, replay, unknown, \
+            await call(s, "list")
+
+    me, took, again, other, short, held, used, gave, replay, unknown, after = session(scenario)
+    ref = took["allocation"]["ref"]
+    assert again["allocation"]["ref"] == ref and again == took
+    assert took["owner_pid"] == me["pid"]                 # the server: ends with the session
+    assert took["env"]["CUDA_VISIBLE_DEVICES"]
+    assert other.startswith("InvalidArgs: ") and "operation id" in other
+    assert short.startswith(("NotEnoughGPUs: ", "NotEnoughCapacity: ", "InvalidArgs: ")), short
+    assert [(k["id"], k["owner_pid"], k["task_name"]) for k in held["claims"]] == [
+        (ref, me["pid"], "tune")]
+    assert (used["holding"]["claims"], used["holding"]["gpus"]) == (1, 1)
+    assert gave == replay and gave["released"] is True
+    assert unknown.startswith("NoSuchClaim: ")
+    assert after["claims"] == []
+
+
+def test_a_claim_ends_with_the_mcp_session_unless_an_owner_pid_keeps_it(clocked_daemon):
+    clocked_daemon(gpus=2)
+    keeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        async def scenario(s):
+            mine = await call(s, "claim", operation_id="mine", gpus=1)
+            kept = await call(s, "claim", operation_id="kept", gpus=1, owner_pid=keeper.pid)
+            return mine["allocation"]["ref"], kept["allocation"]["ref"]
+
+        mine, kept = session(scenario)
+
+        def live():
+            with Client() as c:
+                return {k["id"] for k in c.status()["claims"]}
+
+        eventually(lambda: live() == {kept}, timeout=10)
+        assert mine not in live()
+    finally:
+        keeper.kill()
+        keeper.wait()
+
+
+def test_usage_sums_what_i_hold_and_have_booked_ahead(clocked_daemon):
+    clocked_daemon(gpus=4)
+
+    async def scenario(s):
+        await call(s, "claim", operation_id="c", gpus=1)
+        await call(s, "claim", operation_id="v", gpus=0, vram="10G")
+        await call(s, "book", operation_id="b1", gpus=2, duration="90m", start="10:00")
+        await call(s, "book", operation_id="b2", gpus=1, duration="1h", start="13:00")
+        return await call(s, "usage")
+
+    used = session(scenario)
+    assert used["holding"] == {"claims": 2, "waiting": 0, "gpus": 1, "vram_bytes": 10 * 2**30,
+                               "pools": {}}
+    assert used["booked_ahead"]["bookings"] == 2
+    assert used["booked_ahead"]["gpu_hours"] == 4.0
+    assert used["booked_ahead"]["next_start"] == "2026-12-01T10:00:00Z"
+    assert used["history"] is None
+
+
+def test_recommend_runs_now_what_fits_now_and_books_what_fits_later(clocked_daemon):
+    clocked_daemon(gpus=2)
+
+    async def scenario(s):
+        await call(s, "book", operation_id="b", gpus=2, duration="1h", start="09:30")
+        return (await call(s, "recommend", gpus=1, duration="30m"),
+                await call(s, "recommend", gpus=2, duration="1h"))
+
+    now, later = session(scenario)
+    assert now == {"fits": True, "now": True, "gpu_indices": [0],
+                   "command": "gpuctl run --gpus 1 --for 30m -- COMMAND"}
+    assert (later["now"], later["start"]) == (False, "2026-12-01T10:30:00Z")
+
+
+def test_a_dry_run_claim_takes_nothing(clocked_daemon):
+    clocked_daemon(gpus=2)
+
+    async def scenario(s):
+        tried = await call(s, "claim", operation_id="d", gpus=1, dry_run=True)
+        return tried, await call(s, "list")
+
+    tried, after = session(scenario)
+    assert tried["dry_run"] is True
+    assert after["claims"] == []
+
+
+def test_a_dry_run_release_keeps_the_claim(clocked_daemon):
+    clocked_daemon(gpus=2)
+
+    async def scenario(s):
+        ref = (await call(s, "claim", operation_id="c", gpus=1))["allocation"]["ref"]
+        await call(s, "release", operation_id="r", ref=ref, dry_run=True)
+        return ref, await call(s, "list")
+
+    ref, after = session(scenario)
+    assert [k["id"] for k in after["claims"]] == [ref]
+
+
+def test_resources_and_the_prompt(clocked_daemon):
+    clocked_daemon(gpus=2)
+
+    async def scenario(s):
+        listed = {str(r.uri): r for r in (await s.list_resources()).resources}
+        context = await s.read_resource("resourced://context")
+        usage = await s.read_resource("resourced://usage")
+        prompts = {p.name: p for p in (await s.list_prompts()).prompts}
+        plan = await s.get_prompt("plan_gpu_work", {"what": "fine-tune the model", "gpus": "2",
+                                                    "duration": "3h"})
+        return listed, context, usage, prompts, plan
+
+    listed, context, usage, prompts, plan = session(scenario)
+    assert set(listed) == {"resourced://context", "resourced://usage"}
+    assert all(r.mime_type == "application/json" for r in listed.values())
+    data = json.loads(context.contents[0].text)
+    assert set(data) == CONTEXT_KEYS and data["schema"] == 1
+    assert json.loads(usage.contents[0].text)["holding"]["claims"] == 0
+    assert [(a.name, a.required) for a in prompts["plan_gpu_work"].arguments] == [
+        ("what", True), ("gpus", False), ("duration", False)]
+    text = plan.messages[0].content.text
+    for step in ("`context`", "`claim`", "`book`", "operation", "`release`", "3h", "2 GPU"):
+        assert step in text, step
+
+
+def test_without_the_sdk_it_says_what_to_install(tmp_path):
+    blocker = tmp_path / "mcp"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError('no MCP SDK here')\n")
+    done = subprocess.run([str(SERVER)], env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                          capture_output=True, text=True, timeout=TIMEOUT, check=False,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 2
+    assert "resourced[mcp]" in done.stderr and done.stdout == ""
