@@ -575,6 +575,16 @@ class Client(_Base):
                             b.change_options(op_id, dry_run))
         return b.record(self._send(msg)[0])
 
+    def report_job(self, ref: str, state: str, exit_code: int = -1, detail: str = "") -> dict:
+        """As a booking's owner (its runner): how the booking's command stands (pending,
+        running, succeeded, failed, timed-out, cancelled, missed); the booking's record."""
+        from . import booking_calls as b
+
+        msg = b.call("ReportJob", "ssis", (_text("reference", ref), _text("state", state),
+                                           _whole("exit code", exit_code, *INT32),
+                                           _text("detail", detail)))
+        return b.record(self._send(msg)[0])
+
     def slots(self, duration, count: int = 3, **request) -> list[dict]:
         """The earliest places a booking would fit (read-only)."""
         from . import booking_calls as b

@@ -92,6 +92,14 @@ class CalendarOperations:
                   reason=reason)
         return booking
 
+    def report_job(self, caller: Caller, booking_id: str, state: str, exit_code: int = -1,
+                   detail: str = "") -> Booking:
+        """The owner's runner says how the booking's command stands."""
+        old = self.calendar.bookings.get(booking_id)
+        booking, events = self.calendar.set_job(booking_id, caller.uid, state, exit_code, detail)
+        self._calendar_changed(events, [(booking_id, old)])
+        return booking
+
     def _settle(self, events: list[BookingEvent], undo, dry_run: bool) -> bool:
         """Make a calendar change take effect, or (``dry_run``) undo it; True if undone."""
         if dry_run:

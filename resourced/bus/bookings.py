@@ -87,7 +87,8 @@ FIELDS = (
     ("TaskName", "task_name", "s"), ("OpID", "op_id", "s"), ("Ended", "ended", "s"),
     ("EndedBy", "ended_by", "i"), ("EndedUSec", "ended_usec", "t"),
     ("Reason", "reason", "s"), ("ClaimState", "claim_state", "s"),
-    ("WaitingFor", "waiting_for", "as"), ("Session", "session", "s"),
+    ("WaitingFor", "waiting_for", "as"), ("Session", "session", "s"), ("Job", "job", "s"),
+    ("JobExit", "job_exit", "i"), ("JobDetail", "job_detail", "s"),
 )
 """A booking's record: its a{sv} key, its JSON key (what the clients return), its type."""
 
@@ -107,6 +108,7 @@ def booking_fields(b: Booking, gpus: dict, claim_state: str = "",
         "task_name": b.request.task_name, "op_id": b.op_id, "ended": b.ended,
         "ended_by": b.ended_by, "ended_usec": b.ended_usec, "reason": b.reason,
         "claim_state": claim_state, "waiting_for": list(waiting_for), "session": b.session,
+        "job": b.job, "job_exit": b.job_exit, "job_detail": b.job_detail,
     }
 
 
@@ -160,5 +162,6 @@ class UserInterface(Interface):
     @dbus_signal()
     def BookingChanged(self, booking_id: str, what: str, booking: dict) -> "ssa{sv}":
         """what: created | changed | started | ending | ended | blackout (a blackout now
-        covers part of it)."""
+        covers part of it) | job (its command's state changed) | no-show (released: its
+        GPUs were not used)."""
         return [booking_id, what, booking]

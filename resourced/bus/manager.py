@@ -120,6 +120,7 @@ class ManagerInterface(Interface):
         "ListNotices": ("notices",),
         "NoticeAdded": ("notice_id", "text"),
         "Stop": ("claims", "bookings"),
+        "ReportJob": ("booking",),
     }
 
     def __init__(self, bus, engine: Engine, mode: str, health: HealthMonitor, reload=None):
@@ -316,6 +317,13 @@ class ManagerInterface(Interface):
         return self._record(self.engine.cancel_booking(caller, booking_id, reason, admin,
                                                        opts.get("OpID", ""),
                                                        opts.get("DryRun", False)))
+
+    @dbus_method()
+    @bus_errors
+    async def ReportJob(self, booking_id: "s", state: "s", exit_code: "i", detail: "s") -> "a{sv}":
+        """The owner's runner reports the state of the booking's command."""
+        caller = await self.credentials.caller()
+        return self._record(self.engine.report_job(caller, booking_id, state, exit_code, detail))
 
     @dbus_method()
     @bus_errors

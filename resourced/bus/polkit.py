@@ -32,6 +32,8 @@ OWNER_OR_RELEASE_OTHER = "owner-or:" + RELEASE_OTHER
 """The claim's own user may; anyone else needs release-other."""
 OWNER_OR_MANAGE = "owner-or:" + MANAGE
 """The booking's own user may; anyone else needs manage (and gives a reason)."""
+OWNER = "owner"
+"""Only the booking's own user (and root): no action makes it anyone else's."""
 
 METHOD_ACTIONS = {
     (MANAGER_IFACE, "Claim"): CLAIM,
@@ -59,6 +61,7 @@ METHOD_ACTIONS = {
     (MANAGER_IFACE, "RemoveNotice"): MANAGE,
     (MANAGER_IFACE, "ListNotices"): READ,
     (MANAGER_IFACE, "Stop"): OWNER_OR_MANAGE,
+    (MANAGER_IFACE, "ReportJob"): OWNER,
     (CLAIM_IFACE, "Release"): OWNER_OR_RELEASE_OTHER,
 }
 _INTERFACES_WITHOUT_METHODS = (GPU_IFACE,)

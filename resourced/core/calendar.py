@@ -39,6 +39,10 @@ from .pools import format_amount
 from .timeline import Hold, Timeline
 
 SCHEDULED, ACTIVE, ENDED = "scheduled", "active", "ended"
+JOB_STATES = ("pending", "running", "succeeded", "failed", "timed-out", "cancelled", "missed")
+"""A booking's command, as its owner's runner reports it (the daemon never sees the
+command itself): pending until the start, then running, then how it ended; missed when
+no runner was there to start it."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,9 @@ class Booking:
     reason: str = ""
     ended_usec: int = 0
     session: str = ""              # the agent session it belongs to
+    job: str = ""                  # its command's state (JOB_STATES); "" = no command
+    job_exit: int = -1             # the command's exit status once it ended (-1: none)
+    job_detail: str = ""           # the runner's word on it (a signal, why it was missed)
 
     @property
     def gpu_usec(self) -> int:
@@ -286,6 +293,19 @@ class Calendar:
         check_text("reason", reason)
         how = "cancelled" if old.state == SCHEDULED else "released"
         return self._end(old, how, uid, reason, now)
+
+    def set_job(self, booking_id: str, uid: int, state: str, exit_code: int = -1,
+                detail: str = "") -> tuple[Booking, list[BookingEvent]]:
+        """Record what the owner's runner says of the booking's command (owner only; an
+        ended booking too: a command may be stopped just after its end)."""
+        old = self._own(booking_id, uid, admin=False)
+        if state not in JOB_STATES:
+            raise InvalidRequest(f"job state must be one of {', '.join(JOB_STATES)}, not "
+                                 f"{quoted(state)}")
+        check_text("detail", detail)
+        booking = replace(old, job=state, job_exit=exit_code, job_detail=detail)
+        self.bookings[booking_id] = booking  # the hold is the same: the job is not held
+        return booking, [BookingEvent(booking, "job")]
 
     # -- the clock ---------------------------------------------------------------------
     def due(self, now: int) -> tuple[list[BookingEvent], int | None]:

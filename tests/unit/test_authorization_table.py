@@ -3,7 +3,7 @@
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from resourced.bus.polkit import ACTIONS, METHOD_ACTIONS, READ
+from resourced.bus.polkit import ACTIONS, METHOD_ACTIONS, OWNER, READ
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +20,7 @@ def test_every_method_has_an_authorization_entry():
 
 def test_every_entry_names_a_known_action():
     for action in METHOD_ACTIONS.values():
-        assert action is READ or action.removeprefix("owner-or:") in ACTIONS
+        assert action in (READ, OWNER) or action.removeprefix("owner-or:") in ACTIONS
 
 
 def test_every_action_is_defined_in_the_policy_file():
