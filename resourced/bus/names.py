@@ -10,8 +10,9 @@ JSON_SCHEMA = 1
 """The version of the JSON the daemon and gpuctl emit (Describe, status/verify --json):
 keys are added, never renamed or removed, within one version; all keys are snake_case."""
 RELEASE_FORCE = 1 << 0
-RELEASE_DRY_RUN = 1 << 1  # every check, nothing released
 """Release flag: skip the in-use check."""
+RELEASE_DRY_RUN = 1 << 1
+"""Release flag: make every check, release nothing."""
 
 
 def gpu_path(index: int) -> str:

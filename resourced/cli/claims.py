@@ -177,8 +177,7 @@ def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet, a
             raise
         _warn(granted.get("warnings", []))
         held = granted["allocation"]
-        if not allocation:
-            _forward_reclaim_requests(c.bus, held["ref"], child.pid, signum)
+        _forward_reclaim_requests(c.bus, held["ref"], child.pid, signum)
         if held["until_usec"] and not held["until_booking"]:
             _stop_at_end(c.bus, held["ref"], child.pid)
         inherited = {"RESOURCED_SESSION": held["session"]} if held.get("session") else {}

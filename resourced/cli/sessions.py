@@ -52,12 +52,12 @@ def session_list(claims: list[dict], bookings: list[dict]) -> list[dict]:
                                       "claims": [], "waiting": 0, "gpus": [], "bookings": []})
 
     for c in claims:
+        s = entry(c)
+        s["gpus"] += c["gpus"]
         if c["mode"] == "booking":
             continue  # an active booking's claim: listed as its booking
-        s = entry(c)
         s["claims"].append(c["id"])
         s["waiting"] += c["state"] == "queued"
-        s["gpus"] += c["gpus"]
     for b in bookings:
         entry(b)["bookings"].append(b["id"])
     return sorted(found.values(), key=lambda s: (s["user"], s["session"]))

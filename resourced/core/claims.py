@@ -91,9 +91,8 @@ def default_session(sid: int) -> str:
 def check_session(name: str) -> None:
     """A session a caller names: 1 to MAX_SESSION letters, digits and ``._@+-``, or a
     default one (``sid:N``)."""
-    if name.startswith("sid:") and name[4:].isdigit() and name[4:].isascii():
-        return
-    if not 0 < len(name) <= MAX_SESSION or not set(name) <= SESSION_CHARACTERS:
+    default = name.startswith("sid:") and name[4:].isdigit() and name[4:].isascii()
+    if not 0 < len(name) <= MAX_SESSION or not (default or set(name) <= SESSION_CHARACTERS):
         raise InvalidRequest(f"session {quoted(name)} must be 1 to {MAX_SESSION} letters, digits "
                              "or . _ @ + -")
 
