@@ -89,6 +89,8 @@ class DaemonConfig:
     max_bookings_per_user: int = 64         # scheduled or active; 0 = no limit
     booking_retention: float = 30 * 86400   # how long ended bookings stay listed
     warn_before: float = 300.0              # warn a claim or booking this long before its end
+    no_show_after: float = 3600.0   # release an active booking none of whose GPUs its owner used; 0 = never
+    idle_after: float = 0.0         # release a claim with no process on its GPUs this long; 0 = never
     # Limits on agent sessions (and more on users), all 0 = no limit; root is exempt.
     max_gpus_per_user: int = 0               # GPUs held or waited for (a share counts one)
     max_claims_per_session: int = 0          # live claims of one session
@@ -372,6 +374,8 @@ _DAEMON = {
     "max_bookings_per_user": (_index, False),
     "booking_retention": (_number(0), False),
     "warn_before": (_number(0), False),
+    "no_show_after": (_number(0), False),
+    "idle_after": (_number(0), False),
     "max_gpus_per_user": (_index, False),
     "max_claims_per_session": (_index, False),
     "max_gpus_per_session": (_index, False),

@@ -61,6 +61,7 @@ from .core.ledger import (
     UntilChanged,
 )
 from .core.pools import Pool
+from .core.usewatch import UNKNOWN, UNUSED, USED, UseWatch
 from .core.verify import GpuReport, SeenProcess, verify
 from .engine_calendar import CalendarOperations, booking_limits
 from .errors import (
@@ -149,6 +150,7 @@ class Engine(CalendarOperations):
         self._tracker: asyncio.Task | None = None
         self._user_names: dict[int, str] = {}
         self._unwatched: set[tuple[str, ProcessRef]] = set()  # to watch again at the next sweep
+        self.uses = UseWatch()  # no-show bookings and idle claims
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self, restored: dict[str, Claim] | None = None) -> None:
@@ -389,7 +391,9 @@ class Engine(CalendarOperations):
               f"{caller.uid}: {len(claims)} claim(s), {len(bookings)} booking(s)"
               f"{f': {reason}' if reason else ''}", priority=4 if uid != caller.uid else 5,
               uid=uid, event="stop", reason=reason)
-        self._commit([StopAsked(c, caller.uid, reason) for c in claims if c.state == GRANTED])
+        booked = [self.ledger.claims[b.id] for b in bookings if b.id in self.ledger.claims]
+        self._commit([StopAsked(c, caller.uid, reason) for c in claims + booked
+                      if c.state == GRANTED])
         stopped = []
         for booking in bookings:
             stopped.append(self.cancel_booking(caller, booking.id, reason or "stopped",
@@ -587,6 +591,7 @@ class Engine(CalendarOperations):
                 table = await self._off_loop(read_table)
                 self._adopt(table)
                 await self._release_dead_owners()
+                await self._reclaim_unused()
             except Exception:
                 log.exception("tracking sweep failed")
 
@@ -613,6 +618,47 @@ class Engine(CalendarOperations):
             if claim.id in self.ledger.claims:  # still there after the await
                 self._end(claim.id, "dead-owner", None,
                           f"owner {claim.owner.pid} dead for {self.settings.dead_owner_grace:g} s")
+
+    async def _reclaim_unused(self) -> None:
+        """Release active bookings nobody of theirs used (``no_show_after``) and, where
+        configured, claims with no process on their GPUs (``idle_after``), on trustworthy
+        evidence only (core.usewatch).  Nothing is killed."""
+        windows = {}
+        for c in self.ledger.claims.values():
+            after = self.settings.no_show_after if c.mode == BOOKING else self.settings.idle_after
+            if c.state == GRANTED and c.gpus and after:
+                windows[c.id] = (int(after * 1e6), c.mode == BOOKING)
+        if not windows:
+            self.uses.observe({}, self.clock(), {})
+            return
+        evidence = await self.probe.processes()
+        claims = {i: self.ledger.claims[i] for i in windows if i in self.ledger.claims}
+        seen = {i: UNKNOWN for i in claims}
+        if evidence.known:
+            listed = {p.pid for c in claims.values() for u in c.gpus
+                      for p in evidence.processes.get(u) or ()}
+            uids = await self._off_loop(_uids_of, sorted(listed)) if listed else {}
+            for i, c in claims.items():
+                seen[i] = _use_of(c, evidence, uids)
+        for claim_id in self.uses.observe(seen, self.clock(), windows):
+            if claim_id not in self.ledger.claims:
+                continue
+            if self.ledger.claims[claim_id].mode == BOOKING:
+                self._no_show(claim_id)
+            else:
+                self._end(claim_id, "idle", None,
+                          f"no process on its GPUs for {self.settings.idle_after:g} s")
+
+    def _no_show(self, booking_id: str) -> None:
+        booking = self.calendar.bookings.get(booking_id)
+        if booking is None or booking.state != ACTIVE:
+            return
+        reason = (f"no process of {booking.user or booking.uid} used its GPUs in its first "
+                  f"{self.settings.no_show_after:g} s")
+        _, events = self.calendar.no_show(booking_id, self.clock(), reason)
+        audit(f"booking {booking_id} of {booking.user or booking.uid} released as a no-show: "
+              f"{reason}", priority=5, uid=booking.uid, event="no-show", reason=reason)
+        self._calendar_changed(events, [(booking_id, booking)])
 
     # -- liveness ----------------------------------------------------------------------
     def _watch_claim(self, claim: Claim) -> None:
@@ -771,6 +817,30 @@ def _callers_process(caller: Caller, pid: int, role: str) -> tuple[ProcessRef, i
         os.close(pinned[1])
         raise NotProcessOwner(f"process {pid} does not belong to uid {caller.uid}")
     return pinned
+
+
+def _uids_of(pids: list[int]) -> dict[int, int | None]:
+    """Each pid's uid, None where /proc does not show it (gone, or another pid namespace)
+    (blocking)."""
+    return {pid: process_uid(pid) for pid in pids}
+
+
+def _use_of(claim: Claim, evidence: GpuEvidence, uids: dict[int, int | None]) -> str:
+    """What the evidence says of a claim's GPUs: a booking is used by its owner's
+    processes; any other claim by any process.  A GPU the driver does not list, or a
+    process nobody can be named for, is UNKNOWN."""
+    found = UNUSED
+    for uuid in claim.gpus:
+        listed = evidence.processes.get(uuid)
+        if listed is None:
+            return UNKNOWN
+        for p in listed:
+            uid = uids.get(p.pid)
+            if claim.mode != BOOKING or uid == claim.uid:
+                return USED
+            if uid is None:
+                found = UNKNOWN
+    return found
 
 
 def _ancestries(pids: list[int]) -> dict:

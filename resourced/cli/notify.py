@@ -137,6 +137,10 @@ def calendar_message(what: str, booking: dict, when: str, me: int) -> tuple[str,
         return (f"Booking {ref} falls in a maintenance window",
                 "An administrator blocked that time; the booking stays. See gpuctl blackout "
                 "list.", 1)
+    if what == "ended" and booking.get("Ended") == "no-show":
+        return (f"Booking {ref} was released: its GPUs were not used",
+                f"{booking.get('Reason') or 'nothing of yours ran on them'}. Book again when "
+                "you are ready.", 2)
     if what == "ended" and booking.get("EndedBy", -1) not in (-1, me):
         reason = booking.get("Reason") or "no reason given"
         return f"Booking {ref} was cancelled by an administrator", reason, 2

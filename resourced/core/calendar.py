@@ -102,7 +102,7 @@ class Booking:
     op_fingerprint: str = ""       # of the request the op id first made
     ops: tuple[tuple[int, str, str], ...] = ()  # later changes' (uid, op id, fingerprint)
     state: str = SCHEDULED
-    ended: str = ""                # expired | released | cancelled
+    ended: str = ""                # expired | released | cancelled | no-show
     ended_by: int = -1
     reason: str = ""
     ended_usec: int = 0
@@ -293,6 +293,14 @@ class Calendar:
         check_text("reason", reason)
         how = "cancelled" if old.state == SCHEDULED else "released"
         return self._end(old, how, uid, reason, now)
+
+    def no_show(self, booking_id: str, now: int, reason: str
+                ) -> tuple[Booking, list[BookingEvent]]:
+        """End an active booking whose GPUs its owner never used (ended "no-show")."""
+        old = self.bookings[booking_id]
+        if old.state != ACTIVE:
+            raise InvalidRequest(f"booking {booking_id} is not active")
+        return self._end(old, "no-show", -1, reason, now)
 
     def set_job(self, booking_id: str, uid: int, state: str, exit_code: int = -1,
                 detail: str = "") -> tuple[Booking, list[BookingEvent]]:
@@ -578,7 +586,7 @@ class Calendar:
     def _end(self, booking: Booking, how: str, by: int, reason: str,
              when: int) -> tuple[Booking, list[BookingEvent]]:
         self._drop(booking)
-        end = when if how == "released" else booking.end_usec  # released early: it ended then
+        end = when if how in ("released", "no-show") else booking.end_usec  # ended early: then
         ended = replace(booking, state=ENDED, ended=how, ended_by=by, reason=reason,
                         ended_usec=when, end_usec=end)
         self._put(ended)

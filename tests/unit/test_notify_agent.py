@@ -170,3 +170,7 @@ def test_calendar_messages_say_what_happened_to_a_booking_in_words():
     assert calendar_message("ended", {**record, "EndedBy": 1000}, "", 1000) is None  # mine
     cancelled = calendar_message("ended", {**record, "EndedBy": 0, "Reason": "driver"}, "", 1000)
     assert cancelled == ("Booking b1 was cancelled by an administrator", "driver", 2)
+    no_show = calendar_message("ended", {**record, "Ended": "no-show", "Reason": "no process "
+                                         "of alice used its GPUs in its first 3600 s"}, "", 1000)
+    assert no_show[0] == "Booking b1 was released: its GPUs were not used"
+    assert no_show[1].startswith("no process of alice used its GPUs") and no_show[2] == 2
