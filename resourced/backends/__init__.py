@@ -2,9 +2,9 @@
 
 import os
 
-from .base import Backend, BackendError, GpuProcess, NoGpus
+from .base import Backend, BackendError, GpuLoad, GpuProcess, NoGpus
 
-__all__ = ["Backend", "BackendError", "GpuProcess", "NoGpus", "select_backend"]
+__all__ = ["Backend", "BackendError", "GpuLoad", "GpuProcess", "NoGpus", "select_backend"]
 
 SIMULATION_VARIABLE = "RESOURCED_SIMULATED_GPUS"
 

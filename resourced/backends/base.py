@@ -18,6 +18,15 @@ class GpuProcess:
     used_memory_bytes: int = 0
 
 
+@dataclass(frozen=True)
+class GpuLoad:
+    """How busy a GPU is at one look: utilisation over the driver's last sample period
+    (percent of time a kernel ran) and memory in use."""
+
+    utilization_pct: int
+    memory_used_bytes: int
+
+
 class Backend(Protocol):
     name: str
     """``nvml``, ``simulated`` or ``none``."""
@@ -29,6 +38,9 @@ class Backend(Protocol):
 
     def processes(self) -> dict[str, list[GpuProcess]]:
         """GPU UUID -> compute processes on it, for every GPU the driver answered for."""
+
+    def load(self) -> dict[str, GpuLoad]:
+        """GPU UUID -> its load now, for every GPU the driver answered for."""
 
 
 class NoGpus:
@@ -44,4 +56,7 @@ class NoGpus:
         return []
 
     def processes(self) -> dict[str, list[GpuProcess]]:
+        return {}
+
+    def load(self) -> dict[str, GpuLoad]:
         return {}

@@ -3,7 +3,7 @@
 from contextlib import contextmanager
 
 from ..core.inventory import Gpu
-from .base import BackendError, GpuProcess
+from .base import BackendError, GpuLoad, GpuProcess
 
 
 @contextmanager
@@ -57,6 +57,15 @@ class NvmlBackend:
                     )
                 )
         return gpus
+
+    def load(self) -> dict[str, GpuLoad]:
+        found = {}
+        with nvml_errors() as nv:
+            for h in self._handles:
+                found[_text(nv.nvmlDeviceGetUUID(h))] = GpuLoad(
+                    int(nv.nvmlDeviceGetUtilizationRates(h).gpu),
+                    int(nv.nvmlDeviceGetMemoryInfo(h).used))
+        return found
 
     def processes(self) -> dict[str, list[GpuProcess]]:
         found = {}

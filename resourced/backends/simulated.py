@@ -5,9 +5,10 @@ JSON file, re-read on every look, so a test can change what "the driver" reports
 
     {"gpus": [{"index": 0, "uuid": "GPU-...", "name": "...", "memory_total_mib": 81920,
                "pci_bus_id": "00000000:01:00.0",
-               "processes": [{"pid": 4242, "used_memory_mib": 1024}]}]}
+               "processes": [{"pid": 4242, "used_memory_mib": 1024}],
+               "utilization_pct": 35, "memory_used_mib": 1024}]}
 
-Only ``index`` is required per GPU; the rest has simulation defaults.  A top-level
+Only ``index`` is required per GPU (a GPU's memory in use defaults to its processes'); the rest has simulation defaults.  A top-level
 ``"hang_seconds": S`` makes every look take S seconds, like a hung driver.
 """
 
@@ -15,7 +16,7 @@ import json
 import time
 
 from ..core.inventory import Gpu
-from .base import BackendError, GpuProcess
+from .base import BackendError, GpuLoad, GpuProcess
 
 MIB = 1024 * 1024
 DEFAULT_MEMORY_MIB = 81920
@@ -64,6 +65,20 @@ class SimulatedBackend:
         if self.path is None:  # N idle GPUs
             return {simulated_uuid(i): [] for i in range(self.count or 0)}
         return {_gpu(e).uuid: _processes(e) for e in self._entries()}
+
+
+    def load(self) -> dict[str, GpuLoad]:
+        return {_gpu(e).uuid: _load(e) for e in self._entries()}
+
+
+def _load(e: dict) -> GpuLoad:
+    try:
+        used = e.get("memory_used_mib")
+        in_use = int(used) * MIB if used is not None else sum(
+            p.used_memory_bytes for p in _processes(e))
+        return GpuLoad(int(e.get("utilization_pct", 0)), in_use)
+    except (TypeError, ValueError) as exc:
+        raise BackendError(f"simulation entry {e!r}: {exc}") from exc
 
 
 def _gpu(e: dict) -> Gpu:

@@ -46,7 +46,8 @@ class FakeNvml:
 
     FUNCTIONS = ("nvmlInit", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
                  "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo",
-                 "nvmlDeviceGetPciInfo", "nvmlDeviceGetComputeRunningProcesses")
+                 "nvmlDeviceGetPciInfo", "nvmlDeviceGetComputeRunningProcesses",
+                 "nvmlDeviceGetUtilizationRates")
 
     def __init__(self, monkeypatch, gpus=RECORDED, as_bytes=False):
         self.gpus = [dict(g) for g in gpus]
@@ -104,6 +105,9 @@ class FakeNvml:
                                     pciDeviceId=0x233010DE, pciSubSystemId=0x16C110DE,
                                     busId=g["bus_id"])
 
+    def _nvmlDeviceGetUtilizationRates(self, h):
+        return pynvml.c_nvmlUtilization_t(gpu=self.gpus[h.index].get("util", 0), memory=0)
+
     def _nvmlDeviceGetComputeRunningProcesses(self, h):
         return [process_info(pid, used) for pid, used in self.gpus[h.index]["processes"]]
 
@@ -129,6 +133,25 @@ EXPECTED_PROCESSES = {
 
 def test_inventory_reports_each_gpu_in_nvml_index_order(nvml):
     assert NvmlBackend.open().inventory() == expected_inventory()
+
+
+# What an H200 answered (recorded through the device tool, 2026-11-30): a process of ours
+# holding a 4 GiB allocation through the CUDA driver API while memsets ran, which the
+# driver counted at 0 % utilisation (a process at 0 % is still use, for no-shows).
+H200 = {"uuid": "GPU-a7d00f32-64fa-041e-83fb-5546b548f523", "name": "NVIDIA H200",
+        "total": 150754820096, "used": 5237 * MIB, "bus_id": b"00000000:00:06.0",
+        "processes": [(457, 4838129664)], "util": 0}
+
+
+def test_load_is_utilisation_and_memory_in_use_per_gpu(monkeypatch):
+    from resourced.backends import GpuLoad
+
+    FakeNvml(monkeypatch, gpus=[H200, {**RECORDED[1], "util": 87}])
+    backend = NvmlBackend.open()
+    assert backend.load() == {H200["uuid"]: GpuLoad(0, 5237 * MIB),
+                              RECORDED[1]["uuid"]: GpuLoad(87, 0)}
+    assert backend.processes() == {H200["uuid"]: [GpuProcess(457, 4838129664)],
+                                   RECORDED[1]["uuid"]: []}
 
 
 def test_processes_map_each_uuid_to_its_compute_processes(nvml):

@@ -260,3 +260,19 @@ def test_without_simulation_or_nvml_there_are_no_gpus_and_a_reason(request, nvml
 def test_select_backend_reads_the_process_environment_by_default(monkeypatch):
     monkeypatch.setenv(SIMULATION_VARIABLE, "2")
     assert len(select_backend().inventory()) == 2
+
+
+def test_load_is_read_from_the_file_or_summed_from_its_processes(tmp_path):
+    from resourced.backends import GpuLoad
+    from resourced.backends.simulated import MIB, SimulatedBackend, simulated_uuid
+
+    path = tmp_path / "gpus.json"
+    path.write_text(json.dumps({"gpus": [
+        {"index": 0, "utilization_pct": 35, "memory_used_mib": 2048},
+        {"index": 1, "processes": [{"pid": 7, "used_memory_mib": 100},
+                                   {"pid": 8, "used_memory_mib": 28}]},
+    ]}))
+    assert SimulatedBackend(path=str(path)).load() == {
+        simulated_uuid(0): GpuLoad(35, 2048 * MIB), simulated_uuid(1): GpuLoad(0, 128 * MIB)}
+    assert SimulatedBackend(count=2).load() == {
+        simulated_uuid(0): GpuLoad(0, 0), simulated_uuid(1): GpuLoad(0, 0)}
