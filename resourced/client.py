@@ -575,6 +575,25 @@ class Client(_Base):
                             b.change_options(op_id, dry_run))
         return b.record(self._send(msg)[0])
 
+    def usage(self, since=None, until=None, uid: int | None = None,
+              by_gpu: bool = False) -> list[dict]:
+        """GPU-hours held, used and idle per user (or per GPU, with mean load) from
+        ``since`` (default 7 days ago) to ``until`` (default now): see ``gpuctl usage``."""
+        import json
+
+        from . import booking_calls as b
+
+        options = {}
+        if since is not None:
+            options["SinceUSec"] = ("t", b.instant("since", since))
+        if until is not None:
+            options["UntilUSec"] = ("t", b.instant("until", until))
+        if uid is not None:
+            options["UID"] = ("u", _whole("uid", uid, 0, UINT32_MAX))
+        if by_gpu:
+            options["ByGPU"] = ("b", True)
+        return json.loads(self._send(b.call("Usage", "a{sv}", (options,)))[0])
+
     def report_job(self, ref: str, state: str, exit_code: int = -1, detail: str = "") -> dict:
         """As a booking's owner (its runner): how the booking's command stands (pending,
         running, succeeded, failed, timed-out, cancelled, missed); the booking's record."""

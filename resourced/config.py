@@ -91,6 +91,9 @@ class DaemonConfig:
     warn_before: float = 300.0              # warn a claim or booking this long before its end
     no_show_after: float = 3600.0   # release an active booking none of whose GPUs its owner used; 0 = never
     idle_after: float = 0.0         # release a claim with no process on its GPUs this long; 0 = never
+    usage_retention: float = 400 * 86400        # usage history: holds and daily GPU load
+    usage_hour_retention: float = 90 * 86400    # hourly GPU load
+    usage_minute_retention: float = 2 * 86400   # per-minute GPU load
     # Limits on agent sessions (and more on users), all 0 = no limit; root is exempt.
     max_gpus_per_user: int = 0               # GPUs held or waited for (a share counts one)
     max_claims_per_session: int = 0          # live claims of one session
@@ -376,6 +379,9 @@ _DAEMON = {
     "warn_before": (_number(0), False),
     "no_show_after": (_number(0), False),
     "idle_after": (_number(0), False),
+    "usage_retention": (_number(0, strict=True), False),
+    "usage_hour_retention": (_number(0, strict=True), False),
+    "usage_minute_retention": (_number(0, strict=True), False),
     "max_gpus_per_user": (_index, False),
     "max_claims_per_session": (_index, False),
     "max_gpus_per_session": (_index, False),

@@ -13,6 +13,7 @@ import logging
 import os
 import resource
 import signal
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ from .sd import notify, reloading, run_watchdog, setup_logging, watchdog_interva
 from .calendar_store import CalendarStore
 from .simclock import clock_from_env
 from .store import ClaimStore
+from .usage_store import UsageStore
 
 log = logging.getLogger("resourced")
 
@@ -200,8 +202,9 @@ async def serve(args: argparse.Namespace) -> int:
             state = state_dir(args.mode, config.daemon.state_dir)
             calendar = await open_store(lambda: CalendarStore(state),
                                         REPLACE_WAIT if args.replace else 0)
+            usage = UsageStore(state)
             clock, simulated = clock_from_env()
-        except (StoreError, ValueError) as exc:
+        except (StoreError, ValueError, OSError, sqlite3.Error) as exc:
             store.close()
             raise StartupError(str(exc), EXIT_FAILURE) from exc
     except StartupError:
@@ -209,12 +212,13 @@ async def serve(args: argparse.Namespace) -> int:
         raise
     engine = Engine(select_backend(), store if config.daemon.persist else None,
                     config.daemon, config.gpus, host_pools(config.pools), clock=clock,
-                    calendar_store=calendar, poll_clock=simulated)
+                    calendar_store=calendar, poll_clock=simulated, usage_store=usage)
     try:
         await engine.start(restored)
     except (StoreError, OSError, ValueError) as exc:
         store.close()
         calendar.close()
+        usage.close()
         bus.disconnect()
         raise StartupError(f"cannot read the calendar: {exc}", EXIT_FAILURE) from exc
     health = HealthMonitor(config.checks, config.daemon.sample_interval,
@@ -231,6 +235,7 @@ async def serve(args: argparse.Namespace) -> int:
             engine.close()
             store.close()
             calendar.close()
+            usage.close()
             bus.disconnect()
             raise
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -256,6 +261,7 @@ async def serve(args: argparse.Namespace) -> int:
     engine.close()
     store.close()
     calendar.close()
+    usage.close()
     if disconnected.done():
         log.error("lost the connection to the %s bus", args.mode)
         disconnected.exception()  # retrieved: the reason is the log line above

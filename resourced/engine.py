@@ -19,6 +19,7 @@ import logging
 import os
 import pwd
 import secrets
+import sqlite3
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,7 +62,10 @@ from .core.ledger import (
     UntilChanged,
 )
 from .core.pools import Pool
+from .core.usage import Hold as UsageHold
+from .core.usage import report as usage_report
 from .core.usewatch import UNKNOWN, UNUSED, USED, UseWatch
+from .usage_store import retention as usage_retention
 from .core.verify import GpuReport, SeenProcess, verify
 from .engine_calendar import CalendarOperations, booking_limits
 from .errors import (
@@ -124,10 +128,12 @@ def managed_gpus(present: list[Gpu], configured: tuple[GpuEntry, ...]) -> tuple[
 class Engine(CalendarOperations):
     def __init__(self, backend: Backend, store=None, settings: DaemonConfig = DaemonConfig(),
                  configured: tuple[GpuEntry, ...] = (), pools: tuple[Pool, ...] = (),
-                 clock: Clock = wall_clock, calendar_store=None, poll_clock: bool = False):
+                 clock: Clock = wall_clock, calendar_store=None, poll_clock: bool = False,
+                 usage_store=None):
         self.backend = backend
         self.store = store  # a ClaimStore, or None to keep claims in memory only
         self.calendar_store = calendar_store  # a CalendarStore, or None: bookings in memory
+        self.usage_store = usage_store  # a UsageStore, or None: no usage history
         self.poll_clock = poll_clock  # a simulated clock: look at it at least each second
         self.settings = settings
         self.configured = configured
@@ -148,9 +154,13 @@ class Engine(CalendarOperations):
         self._listeners: list[Callable[[list[Event]], None]] = []
         self._watcher: ExitWatcher | None = None
         self._tracker: asyncio.Task | None = None
+        self._sampler: asyncio.Task | None = None
         self._user_names: dict[int, str] = {}
         self._unwatched: set[tuple[str, ProcessRef]] = set()  # to watch again at the next sweep
         self.uses = UseWatch()  # no-show bookings and idle claims
+        self.used_usec: dict[str, int] = {}  # claim id -> time its owner was seen using it
+        self._granted_at: dict[str, int] = {}  # claim id -> when it was granted (this run)
+        self._looked = 0  # when _observe_use last looked
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self, restored: dict[str, Claim] | None = None) -> None:
@@ -198,9 +208,11 @@ class Engine(CalendarOperations):
         if self.ledger.claims:
             log.info("restored %d claim(s)", len(self.ledger.claims))
         self._tracker = asyncio.ensure_future(self._track())
+        if self.usage_store is not None:
+            self._sampler = asyncio.ensure_future(self._sample_load())
 
     def close(self) -> None:
-        for task in (self._tracker, self._serving):
+        for task in (self._tracker, self._serving, self._sampler):
             if task:
                 task.cancel()
         if self._alarm is not None:
@@ -591,7 +603,7 @@ class Engine(CalendarOperations):
                 table = await self._off_loop(read_table)
                 self._adopt(table)
                 await self._release_dead_owners()
-                await self._reclaim_unused()
+                await self._observe_use()
             except Exception:
                 log.exception("tracking sweep failed")
 
@@ -619,27 +631,38 @@ class Engine(CalendarOperations):
                 self._end(claim.id, "dead-owner", None,
                           f"owner {claim.owner.pid} dead for {self.settings.dead_owner_grace:g} s")
 
-    async def _reclaim_unused(self) -> None:
-        """Release active bookings nobody of theirs used (``no_show_after``) and, where
-        configured, claims with no process on their GPUs (``idle_after``), on trustworthy
-        evidence only (core.usewatch).  Nothing is killed."""
+    async def _observe_use(self) -> None:
+        """One look at what runs on the claims' GPUs: it counts the time each claim's owner
+        used them (usage history) and releases active bookings their owner never used
+        (``no_show_after``) and, where configured, claims with no process on their GPUs
+        (``idle_after``), on trustworthy evidence only (core.usewatch).  Nothing is
+        killed."""
+        now = self.clock()
+        claims = {c.id: c for c in self.ledger.claims.values() if c.state == GRANTED and c.gpus}
         windows = {}
-        for c in self.ledger.claims.values():
+        for c in claims.values():
             after = self.settings.no_show_after if c.mode == BOOKING else self.settings.idle_after
-            if c.state == GRANTED and c.gpus and after:
+            if after:
                 windows[c.id] = (int(after * 1e6), c.mode == BOOKING)
-        if not windows:
-            self.uses.observe({}, self.clock(), {})
+        elapsed, self._looked = now - (self._looked or now), now
+        if not claims:
+            self.uses.observe({}, now, {})
             return
         evidence = await self.probe.processes()
-        claims = {i: self.ledger.claims[i] for i in windows if i in self.ledger.claims}
-        seen = {i: UNKNOWN for i in claims}
+        claims = {i: c for i, c in claims.items() if i in self.ledger.claims}
+        owners, anyone = {i: UNKNOWN for i in claims}, {i: UNKNOWN for i in claims}
         if evidence.known:
             listed = {p.pid for c in claims.values() for u in c.gpus
                       for p in evidence.processes.get(u) or ()}
             uids = await self._off_loop(_uids_of, sorted(listed)) if listed else {}
             for i, c in claims.items():
-                seen[i] = _use_of(c, evidence, uids)
+                owners[i], anyone[i] = _use_of(c, evidence, uids)
+        for i, c in claims.items():
+            if owners[i] == USED:
+                held = now - self._granted_at.get(i, c.created_usec)
+                self.used_usec[i] = self.used_usec.get(i, 0) + min(elapsed, held)
+        seen = {i: owners[i] if claims[i].mode == BOOKING else anyone[i]
+                for i in windows if i in claims}
         for claim_id in self.uses.observe(seen, self.clock(), windows):
             if claim_id not in self.ledger.claims:
                 continue
@@ -659,6 +682,64 @@ class Engine(CalendarOperations):
         audit(f"booking {booking_id} of {booking.user or booking.uid} released as a no-show: "
               f"{reason}", priority=5, uid=booking.uid, event="no-show", reason=reason)
         self._calendar_changed(events, [(booking_id, booking)])
+
+    # -- usage history -----------------------------------------------------------------
+    def _keep_hold(self, claim: Claim) -> None:
+        """A claim ended: into the usage history with the time its owner used it (written
+        after the reply, like the audit lines)."""
+        used = self.used_usec.pop(claim.id, 0)
+        granted = self._granted_at.pop(claim.id, claim.created_usec)
+        if self.usage_store is None or claim.state != GRANTED or not claim.gpus:
+            return
+        hold = self._hold_of(claim, self.clock(), used, granted)
+        asyncio.get_running_loop().call_soon(self._write_usage, self.usage_store.record_hold,
+                                             hold)
+
+    def _hold_of(self, claim: Claim, now: int, used: int, granted: int | None = None
+                 ) -> UsageHold:
+        """A granted claim as a hold, from when it was granted (when it was asked for, if
+        granted before this daemon started) until ``now``."""
+        start = self._granted_at.get(claim.id, claim.created_usec) if granted is None else granted
+        return UsageHold(claim.id, "booking" if claim.mode == BOOKING else "claim", claim.uid,
+                         claim.user, claim.gpus, start, now, used)
+
+    def _write_usage(self, write, *args) -> None:
+        try:
+            write(*args)
+        except (OSError, sqlite3.Error) as exc:
+            log.error("cannot record usage in %s: %s", self.usage_store.path, exc)
+
+    async def _sample_load(self) -> None:
+        """Every sample_interval, each GPU's utilisation and memory into the history;
+        what is past its retention goes once an hour."""
+        pruned = 0
+        while True:
+            await asyncio.sleep(self.settings.sample_interval)
+            try:
+                loads = await self._off_loop(self.backend.load)
+            except Exception as exc:  # noqa: BLE001 - a missed sample, not a failure
+                log.debug("no GPU load sample: %s", exc)
+                continue
+            now = self.clock()
+            managed = {u: v for u, v in loads.items() if u in self.ledger.gpus}
+            self._write_usage(self.usage_store.record_load, now, managed)
+            if now - pruned >= PRUNE_INTERVAL:
+                pruned = now
+                self._write_usage(self.usage_store.prune, now, usage_retention(self.settings))
+
+    def usage(self, since_usec: int, until_usec: int, uid: int | None = None,
+              by_gpu: bool = False) -> list[dict]:
+        """Held, used and idle GPU-hours per user (or per GPU, with mean load) within the
+        window: the history, and the live claims so far."""
+        now = self.clock()
+        holds = self.usage_store.holds(since_usec, until_usec, uid) if self.usage_store else []
+        holds += [self._hold_of(c, now, self.used_usec.get(c.id, 0))
+                  for c in self.ledger.claims.values()
+                  if c.state == GRANTED and c.gpus and (uid is None or c.uid == uid)]
+        loads = self.usage_store.loads(since_usec, until_usec) if (
+            self.usage_store and by_gpu) else []
+        labels = {u: g.label for u, g in self.ledger.gpus.items()}
+        return usage_report(holds, loads, since_usec, until_usec, by_gpu, labels)
 
     # -- liveness ----------------------------------------------------------------------
     def _watch_claim(self, claim: Claim) -> None:
@@ -744,7 +825,10 @@ class Engine(CalendarOperations):
         for event in events:
             if isinstance(event, ClaimReleased):
                 self._forget(event.claim)
+                self._keep_hold(event.claim)
             elif isinstance(event, (ClaimGranted, UntilChanged)):
+                if isinstance(event, ClaimGranted):
+                    self._granted_at[event.claim.id] = self.clock()
                 self.deadlines.cancel(("queue", event.claim.id))
                 self._arm_until(self.ledger.claims[event.claim.id])
         if self.store is not None:
@@ -825,22 +909,24 @@ def _uids_of(pids: list[int]) -> dict[int, int | None]:
     return {pid: process_uid(pid) for pid in pids}
 
 
-def _use_of(claim: Claim, evidence: GpuEvidence, uids: dict[int, int | None]) -> str:
-    """What the evidence says of a claim's GPUs: a booking is used by its owner's
-    processes; any other claim by any process.  A GPU the driver does not list, or a
-    process nobody can be named for, is UNKNOWN."""
-    found = UNUSED
+def _use_of(claim: Claim, evidence: GpuEvidence, uids: dict[int, int | None]
+            ) -> tuple[str, str]:
+    """What the evidence says of a claim's GPUs: whether its owner's processes use them,
+    and whether any process does.  A GPU the driver does not list is UNKNOWN for both; a
+    process nobody can be named for (another pid namespace) for the owner's."""
+    owner = anyone = UNUSED
     for uuid in claim.gpus:
         listed = evidence.processes.get(uuid)
         if listed is None:
-            return UNKNOWN
+            return UNKNOWN, UNKNOWN
         for p in listed:
+            anyone = USED
             uid = uids.get(p.pid)
-            if claim.mode != BOOKING or uid == claim.uid:
-                return USED
-            if uid is None:
-                found = UNKNOWN
-    return found
+            if uid == claim.uid:
+                owner = USED
+            elif uid is None and owner == UNUSED:
+                owner = UNKNOWN
+    return owner, anyone
 
 
 def _ancestries(pids: list[int]) -> dict:

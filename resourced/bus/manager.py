@@ -13,6 +13,7 @@ from the ``ClaimNew`` on, as before.
 """
 
 import asyncio
+import json
 
 from dbus_fast import Message, MessageType, PropertyAccess, Variant
 from dbus_fast.service import dbus_method, dbus_property, dbus_signal
@@ -85,6 +86,8 @@ CLAIM_OPTIONS = {
 }
 RELEASE_FLAGS = RELEASE_FORCE | RELEASE_DRY_RUN
 STOP_OPTIONS = {"Session": "s", "UID": "u", "Reason": "s", "DryRun": "b"}
+USAGE_OPTIONS = {"SinceUSec": "t", "UntilUSec": "t", "UID": "u", "ByGPU": "b"}
+DAY_USEC = 86400 * 1_000_000
 FEATURES = ["claims", "dev-claims", "verify", "health", "pools", "queue", "reclaim",
             "bookings"]
 
@@ -121,6 +124,7 @@ class ManagerInterface(Interface):
         "NoticeAdded": ("notice_id", "text"),
         "Stop": ("claims", "bookings"),
         "ReportJob": ("booking",),
+        "Usage": ("json",),
     }
 
     def __init__(self, bus, engine: Engine, mode: str, health: HealthMonitor, reload=None):
@@ -317,6 +321,19 @@ class ManagerInterface(Interface):
         return self._record(self.engine.cancel_booking(caller, booking_id, reason, admin,
                                                        opts.get("OpID", ""),
                                                        opts.get("DryRun", False)))
+
+    @dbus_method()
+    @bus_errors
+    def Usage(self, options: "a{sv}") -> "s":
+        """GPU-hours held, used and idle per user (``ByGPU``: per GPU, with mean load),
+        from ``SinceUSec`` (default: 7 days ago) to ``UntilUSec`` (default: now); ``UID``:
+        one user.  JSON: a list of rows."""
+        opts = parse_options(options, USAGE_OPTIONS)
+        now = self.engine.clock()
+        since, until = opts.get("SinceUSec", now - 7 * DAY_USEC), opts.get("UntilUSec", now)
+        if since >= until:
+            raise InvalidRequest("SinceUSec must be before UntilUSec")
+        return json.dumps(self.engine.usage(since, until, opts.get("UID"), opts.get("ByGPU", False)))
 
     @dbus_method()
     @bus_errors

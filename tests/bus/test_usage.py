@@ -1,0 +1,120 @@
+"""Usage history end to end: the simulated driver and clock, a real daemon writing
+usage.sqlite in its state directory, `gpuctl usage` reading it back through the bus."""
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from resourced.client import Client
+
+from ..conftest import eventually, gpuctl
+from .conftest import CLOCK_TIMEOUT
+from .test_evidence import Simulation, settings
+
+HOUR = 3600
+
+
+class LoadedSimulation(Simulation):
+    """The simulated driver, with a utilisation for every GPU."""
+
+    utilization = 0
+
+    def write(self) -> None:
+        super().write()
+        data = json.loads(self.path.read_text())
+        for gpu in data["gpus"]:
+            gpu["utilization_pct"] = self.utilization
+        self.path.write_text(json.dumps(data))
+
+
+@pytest.fixture
+def sim(tmp_path) -> LoadedSimulation:
+    return LoadedSimulation(tmp_path / "gpus.json")
+
+
+@pytest.fixture
+def daemon_on(start_daemon, sim, clock, tmp_path):
+    def start(runtime_dir=None):
+        return start_daemon(gpus=sim.path, env={"RESOURCED_SIMULATED_CLOCK": str(clock.path)},
+                            args=settings(tmp_path, sample_interval=0.2, no_show_after=0),
+                            runtime_dir=runtime_dir)
+    return start
+
+
+def usage(*args) -> list[dict]:
+    r = gpuctl("usage", "--json", "--since", "2026-12-01T00:00:00Z", *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def looked() -> None:
+    time.sleep(2.2)  # two tracking sweeps (one a second)
+
+
+def test_held_used_and_idle_hours_per_user_and_per_gpu_outlive_a_restart(daemon_on, sim, clock):
+    first = daemon_on()
+    owner = subprocess.Popen(["sleep", "120"])
+    try:
+        sim.utilization = 50
+        with Client() as c:
+            used = c.claim(gpus=1, owner_pid=owner.pid)["allocation"]
+            idle = c.claim(gpus=1, owner_pid=owner.pid)["allocation"]
+        sim.put(used["gpu_indices"][0], owner.pid)  # a process of the holder on one of them
+        looked()
+        clock.set("2026-12-01T10:00:00Z")  # an hour later
+        looked()
+        with Client() as c:
+            c.release(idle["ref"])
+        sim.put(used["gpu_indices"][0])
+        with Client() as c:
+            c.release(used["ref"])
+    finally:
+        owner.kill()
+        owner.wait()
+
+    [me] = usage()
+    assert me["claims"] == 2 and me["bookings"] == 0
+    assert me["held_gpu_hours"] == pytest.approx(2, abs=0.01)
+    assert me["used_gpu_hours"] == pytest.approx(1, abs=0.01)
+    assert me["idle_gpu_hours"] == pytest.approx(1, abs=0.01)
+
+    first.stop()
+    daemon_on(runtime_dir=first.runtime_dir)  # the same state directory: the history stays
+    assert usage() == [me]
+    by_gpu = {r["gpu"]: r for r in usage("--by", "gpu")}
+    held = {g: r["held_gpu_hours"] for g, r in by_gpu.items() if r["held_gpu_hours"]}
+    assert sorted(held.values()) == pytest.approx([1, 1], abs=0.01)
+    assert {r["mean_utilization_pct"] for r in by_gpu.values()} == {50}
+
+
+def test_an_unused_booking_is_booked_and_idle(daemon_on, sim, clock):
+    daemon_on()
+    with Client() as c:
+        ref = c.book(HOUR, gpus=1, start="2026-12-01T10:00:00Z")["booking"]["id"]
+        clock.set("2026-12-01T10:00:00Z")
+        eventually(lambda: c.booking(ref)["state"] == "active", CLOCK_TIMEOUT)
+        looked()
+        clock.set("2026-12-01T11:00:00Z")
+        eventually(lambda: c.booking(ref)["state"] == "ended", CLOCK_TIMEOUT)
+
+    [me] = usage()
+    assert (me["bookings"], me["booked_gpu_hours"], me["booked_idle_gpu_hours"]) == (
+        1, pytest.approx(1, abs=0.01), pytest.approx(1, abs=0.01))
+    text = gpuctl("usage", "--since", "2026-12-01T00:00:00Z")
+    assert text.returncode == 0 and text.stdout.splitlines()[0].split()[:2] == ["USER", "HELD"]
+
+
+def test_the_history_file_is_private_to_the_daemon(daemon_on):
+    d = daemon_on()
+    state = os.environ.get("RESOURCED_STATE_DIR") or d.env.get("RESOURCED_STATE_DIR")
+    path = os.path.join(state, "usage.sqlite")
+    assert os.stat(path).st_mode & 0o777 == 0o600
+
+
+def test_a_bad_window_is_a_usage_error(daemon_on):
+    daemon_on()
+    r = gpuctl("usage", "--since", "2026-12-02T00:00:00Z", "--until", "2026-12-01T00:00:00Z")
+    assert r.returncode == 2 and "before" in r.stderr
