@@ -32,6 +32,7 @@ COMMANDS = {
     "notice": ("bookings", "notice", "Messages for everyone (administrators)."),
     "agent": ("agent", "agent", "For coding agents: one-call context, placements, instructions."),
     "sessions": ("sessions", "sessions", "List agent sessions and what each holds."),
+    "usage": ("usage", "usage", "GPU-hours held, used and idle, per user or per GPU."),
     "stop": ("sessions", "stop", "End every claim and booking of a session at once."),
     "init": ("init", "init", "Write a config file listing this machine's GPUs."),
     "demo": ("demo", "demo", "Show resourced at work on simulated GPUs (a private bus)."),
