@@ -43,7 +43,7 @@ def clean_env(bus_address: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def daemon_on_private_bus(gpus: int | str = 8, args: tuple[str, ...] = (),
-                          runtime_parent: str | None = None):
+                          runtime_parent: str | None = None, state_dir: str | None = None):
     """Yield a ``Rig`` (the private bus and the ready daemon's process on it); stop both
     however the block ends.  ``gpus`` is ``RESOURCED_SIMULATED_GPUS``: a count, or the path
     of a simulation file.
@@ -52,7 +52,8 @@ def daemon_on_private_bus(gpus: int | str = 8, args: tuple[str, ...] = (),
     ``resourced.Client(bus="session")`` here finds it.  The daemon keeps its claims in a
     fresh runtime directory on tmpfs where there is one (as ``/run`` and
     ``$XDG_RUNTIME_DIR`` are in production) unless ``runtime_parent`` names another
-    place; ``args`` go to the daemon's command line.  Its log goes to a temporary file, printed
+    place; its state directory is a fresh one there unless ``state_dir`` names one
+    (filled beforehand); ``args`` go to the daemon's command line.  Its log goes to a temporary file, printed
     only if it fails to come up.
     """
     bus = PrivateBus().start()
@@ -66,7 +67,7 @@ def daemon_on_private_bus(gpus: int | str = 8, args: tuple[str, ...] = (),
         os.environ.pop("RESOURCED_BUS", None)
         env["RESOURCED_SIMULATED_GPUS"] = str(gpus)
         env["RESOURCED_RUNTIME_DIR"] = runtime_dir
-        env["RESOURCED_STATE_DIR"] = os.path.join(runtime_dir, "state")
+        env["RESOURCED_STATE_DIR"] = state_dir or os.path.join(runtime_dir, "state")
         proc = subprocess.Popen(
             [sys.executable, "-m", "resourced.daemon", "--session", *args],
             env=env, stdout=log, stderr=subprocess.STDOUT,
