@@ -28,7 +28,7 @@ $(VENV)/.installed: pyproject.toml scripts/system-deps.sh
 	./scripts/system-deps.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,mcp]'
+	$(BIN)/python -m pip install -q -e '.[test,mcp,tui]'
 	touch $@
 
 clean:

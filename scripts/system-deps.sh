@@ -16,6 +16,9 @@
 # The notification test with a real server needs, installed for root, mentioned otherwise:
 #   dunst         a real org.freedesktop.Notifications server
 #   xvfb          a display for it
+# The end-to-end tests of the terminal parts need, the same way:
+#   tmux          gpuctl top driven as a person would (send-keys, capture-pane)
+#   zsh           the shell hook in zsh as well as bash
 set -eu
 PATH="$PATH:/usr/sbin:/sbin"
 missing=""
@@ -35,13 +38,15 @@ fi
 { command -v useradd && command -v groupadd; } >/dev/null 2>&1 || system="$system passwd"
 command -v dunst >/dev/null 2>&1 || optional="$optional dunst"
 command -v Xvfb >/dev/null 2>&1 || optional="$optional xvfb"
+command -v tmux >/dev/null 2>&1 || optional="$optional tmux"
+command -v zsh >/dev/null 2>&1 || optional="$optional zsh"
 
 if [ "$(id -u)" -ne 0 ]; then
     if [ -n "$system" ]; then
         echo "the multi-user tests (tests/system, run as root) would need:$system" >&2
     fi
     if [ -n "$optional" ]; then
-        echo "the test with a real notification server would need:$optional" >&2
+        echo "the tests with a real notification server, tmux and zsh would need:$optional" >&2
     fi
     [ -z "$missing" ] && exit 0
     echo "resourced needs these Debian packages:$missing" >&2

@@ -28,6 +28,7 @@ COMMANDS = {
     "cancel": ("bookings", "cancel", "Cancel a booking."),
     "slots": ("bookings", "slots", "Show the earliest places where a booking would fit."),
     "timeline": ("bookings", "timeline", "Draw GPUs against time: who holds what, when."),
+    "top": ("top", "top", "A live, full-screen timeline with keys to book, extend, cancel."),
     "blackout": ("bookings", "blackout", "Block windows for maintenance (administrators)."),
     "notice": ("bookings", "notice", "Messages for everyone (administrators)."),
     "agent": ("agent", "agent", "For coding agents: one-call context, placements, instructions."),

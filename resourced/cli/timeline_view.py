@@ -66,7 +66,7 @@ def render_timeline(gpus: list[dict], entries: list[dict], now_usec: int, hours:
     label_w = min(max(MIN_LABEL, *(len(g["label"]) for g in gpus)), width - 1 - MIN_CELLS)
     cells = width - label_w - 1
     window = max(1, round(hours * 3600 * _USEC))
-    grid = _Grid(now_usec, window, cells)
+    grid = Grid(now_usec, window, cells)
 
     shown = {g["uuid"] for g in gpus}
     visible = [e for e in entries if shown & set(e["gpus"]) and grid.columns(e) is not None]
@@ -85,16 +85,16 @@ def render_timeline(gpus: list[dict], entries: list[dict], now_usec: int, hours:
                       for h in holders)
         rows.append(g["label"][:label_w].ljust(label_w) + " " + row)
 
-    dates, times, axis = _header(grid, tz)
+    dates, times, axis = axis_lines(grid, tz)
     pad = " " * (label_w + 1)
     lines = [pad + dates] if dates else []
     lines += [pad + times, "now".ljust(label_w) + " " + axis, *rows]
     lines.append("")
-    lines += _legend(visible, letters, now_usec, tz, width)
+    lines += legend_lines(visible, letters, now_usec, tz, width)
     return "\n".join(lines)
 
 
-class _Grid:
+class Grid:
     """Cell arithmetic, in integers: cell ``c`` is ``[b(c), b(c + 1))``,
     ``b(c) = now + c * window / cells``."""
 
@@ -119,15 +119,15 @@ class _Grid:
         return (first, last) if first <= last else None
 
 
-def _header(grid: _Grid, tz) -> tuple[str, str, str]:
+def axis_lines(grid: Grid, tz) -> tuple[str, str, str]:
     """The date line (or an empty one), the time line and the axis line, cells only."""
     end = grid.now + grid.window
-    start_local = _local(grid.now, tz)
+    start_local = local_time(grid.now, tz)
     span_minutes = next((m for m in TICK_MINUTES
                          if m * 60 * _USEC * grid.cells >= TICK_COLUMNS * grid.window),
                         TICK_MINUTES[-1])
     step = span_minutes * 60 * _USEC
-    base = _midnight(start_local.date(), tz)
+    base = midnight_of(start_local.date(), tz)
     times = _Line(grid.cells)
     axis = [" "] * grid.cells
     times.put(0, _hhmm(start_local))
@@ -135,18 +135,18 @@ def _header(grid: _Grid, tz) -> tuple[str, str, str]:
     tick = base + ((grid.now - base) // step + 1) * step
     while tick < end:
         column = grid.column_of(tick)
-        if column > 0 and times.put(column, _hhmm(_local(tick, tz))):
+        if column > 0 and times.put(column, _hhmm(local_time(tick, tz))):
             axis[column] = TICK_MARK
         tick += step
 
     dates = _Line(grid.cells)
     day = start_local.date() + timedelta(days=1)
-    midnight = _midnight(day, tz)
+    midnight = midnight_of(day, tz)
     crossed = midnight < end
     while midnight < end:
         dates.put(grid.column_of(midnight), _day(day))
         day += timedelta(days=1)
-        midnight = _midnight(day, tz)
+        midnight = midnight_of(day, tz)
     if crossed:  # today's date, where it fits before the first change
         dates.put(0, _day(start_local.date()))
     return dates.text(), times.text(), "".join(axis).rstrip()
@@ -174,10 +174,10 @@ class _Line:
         return "".join(self.chars).rstrip()
 
 
-def _legend(visible: list[dict], letters: list[str], now: int, tz, width: int) -> list[str]:
+def legend_lines(visible: list[dict], letters: list[str], now: int, tz, width: int) -> list[str]:
     if not visible:
         return ["no claims or bookings in this window"]
-    today = _local(now, tz).date()
+    today = local_time(now, tz).date()
     rows = [(letter, str(e["ref"]), str(e["user"]), _kind(e), _when(e, now, today, tz))
             for letter, e in zip(letters, visible)]
     ref_w = max(len(r[1]) for r in rows)
@@ -204,22 +204,22 @@ def _kind(entry: dict) -> str:
 
 
 def _when(entry: dict, now: int, today: date, tz) -> str:
-    start = _local(entry["start_usec"], tz)
+    start = local_time(entry["start_usec"], tz)
     if entry["end_usec"] == 0:
         day = "" if start.date() == today else _day(start.date()) + " "
         return f"{'since' if entry['start_usec'] <= now else 'from'} {day}{_hhmm(start)}, open"
-    end = _local(entry["end_usec"], tz)
+    end = local_time(entry["end_usec"], tz)
     day = "today" if start.date() == today else _day(start.date())
     end_day = "" if end.date() == start.date() else _day(end.date()) + " "
     return f"{day} {_hhmm(start)}-{end_day}{_hhmm(end)}"
 
 
-def _local(usec: int, tz) -> datetime:
+def local_time(usec: int, tz) -> datetime:
     seconds, micro = divmod(usec, _USEC)
     return datetime.fromtimestamp(seconds, tz).replace(microsecond=micro)
 
 
-def _midnight(day: date, tz) -> int:
+def midnight_of(day: date, tz) -> int:
     """The instant a local day begins, in microseconds since the epoch."""
     return int(datetime.combine(day, time(0), tzinfo=tz).timestamp()) * _USEC
 
