@@ -47,6 +47,19 @@ def test_systemd_accepts_the_rendered_system_unit(tmp_path):
     _verify(plan.unit_path)
 
 
+def test_the_system_unit_is_exposed_less_than_1_5_by_systemds_measure(tmp_path):
+    import re
+
+    plan = _staged("system", tmp_path)
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    done = subprocess.run(["systemd-analyze", "security", "--offline=true", str(plan.unit_path)],
+                          capture_output=True, text=True, timeout=60)
+    level = re.search(r"Overall exposure level for \S+: ([0-9.]+)", done.stdout)
+    assert level, done.stdout + done.stderr
+    assert float(level[1]) < 1.5, done.stdout
+
+
 def test_systemd_accepts_the_rendered_user_unit(tmp_path):
     plan = _staged("user", tmp_path / "root")
     runtime = tmp_path / "xdg-runtime"
