@@ -3,33 +3,9 @@
 #   multi-user tests (tests/system: real polkitd, test users, the daemon as `resourced`);
 #   anyone else sees them skipped, with the reason.
 # make test-system: only those.
-PYTHON ?= python3
-VENV ?= .venv
-BIN := $(VENV)/bin
+# Each target is the ./dev script's (which needs no make): one way to set up.
 
-.PHONY: demo test test-system bench setup clean
+.PHONY: demo test test-system bench clean
 
-demo: setup
-	$(BIN)/gpuctl demo
-
-test: setup
-	$(BIN)/python -m pytest
-
-test-system: setup
-	$(BIN)/python -m pytest tests/system
-
-bench: setup
-	$(BIN)/python benchmarks/claim_roundtrip.py
-	$(BIN)/python benchmarks/cli_startup.py
-
-setup: $(VENV)/.installed
-
-$(VENV)/.installed: pyproject.toml scripts/system-deps.sh
-	./scripts/system-deps.sh
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,mcp,tui]'
-	touch $@
-
-clean:
-	rm -rf $(VENV) build *.egg-info
+demo test test-system bench clean:
+	./dev $@
