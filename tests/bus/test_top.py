@@ -59,7 +59,7 @@ def book(**kw) -> dict:
 # -- textual's pilot ---------------------------------------------------------------------
 needs_textual = pytest.mark.skipif(importlib.util.find_spec("textual") is None,
                                    reason="textual is not installed: pip install "
-                                   "'resourced[tui]' (or make test)")
+                                   "'resourced[tui]' (or ./dev test)")
 
 
 async def until(pilot, predicate, timeout: float, what: str):
