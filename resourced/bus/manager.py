@@ -21,7 +21,7 @@ from dbus_fast.service import dbus_method, dbus_property, dbus_signal
 from .. import __version__
 from ..config import ConfigError
 from ..core import health as health_levels
-from ..core.calendar import BookingEvent, Notice
+from ..core.calendar import BookingEvent, Notice, check_instant
 from ..core.claims import BOOKING, Demand
 from ..core.ledger import (
     ClaimEnding,
@@ -331,6 +331,8 @@ class ManagerInterface(Interface):
         opts = parse_options(options, USAGE_OPTIONS)
         now = self.engine.clock()
         since, until = opts.get("SinceUSec", now - 7 * DAY_USEC), opts.get("UntilUSec", now)
+        check_instant("SinceUSec", since)
+        check_instant("UntilUSec", until)
         if since >= until:
             raise InvalidRequest("SinceUSec must be before UntilUSec")
         return json.dumps(self.engine.usage(since, until, opts.get("UID"), opts.get("ByGPU", False)))

@@ -17,6 +17,7 @@ COMMANDS = {
     "claim": ("claims", "claim", "Claim GPUs for development; prints the reference."),
     "release": ("claims", "release", "Release a claim."),
     "env": ("claims", "env", "Print shell export lines for a claim."),
+    "shell": ("shell", "shell", "Keep an interactive shell on your active booking or claim."),
     "status": ("status", "status", "Show each GPU and who holds it."),
     "free": ("status", "free", "Print how many GPUs are free."),
     "queue": ("status", "queue", "List the waiting claims in the order they will be served."),
@@ -78,6 +79,21 @@ def cli(color):
 
     Example: gpuctl run --gpus 1 -- python train.py
     """
+
+
+CHANGES = frozenset({"claim", "release", "book", "edit", "extend", "cancel", "stop"})
+"""The subcommands after which shells with the hook (gpuctl shell init) look again."""
+
+
+@cli.result_callback()
+def _after(rv, color):
+    """After a subcommand returned (an error raises past this): a change of the user's
+    tells the shell hook through the stamp (imported only then: --help stays light)."""
+    if click.get_current_context().invoked_subcommand in CHANGES:
+        from ..shell_stamp import touch_stamp
+
+        touch_stamp()
+    return rv
 
 
 def main(argv: list[str] | None = None) -> int:
