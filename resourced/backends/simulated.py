@@ -1,7 +1,8 @@
 """Simulated GPUs, for tests, demos and machines without NVIDIA hardware.
 
 ``RESOURCED_SIMULATED_GPUS`` is either a whole number N (N idle GPUs) or the path of a
-JSON file, re-read on every look, so a test can change what "the driver" reports::
+JSON file, looked at on every look (parsed again when it changed: a new inode, size or
+mtime), so a test can change what "the driver" reports::
 
     {"gpus": [{"index": 0, "uuid": "GPU-...", "name": "...", "memory_total_mib": 81920,
                "pci_bus_id": "00000000:01:00.0",
@@ -13,6 +14,7 @@ Only ``index`` is required per GPU (a GPU's memory in use defaults to its proces
 """
 
 import json
+import os
 import time
 
 from ..core.inventory import Gpu
@@ -33,6 +35,7 @@ class SimulatedBackend:
         self.count = count
         self.path = path
         self.blocking = path is not None  # a count is answered from memory
+        self._read: tuple | None = None  # (the file's identity, its entries, hang) last read
 
     @classmethod
     def from_setting(cls, value: str) -> "SimulatedBackend":
@@ -45,12 +48,16 @@ class SimulatedBackend:
         if self.path is None:
             return [{"index": i} for i in range(self.count or 0)]
         try:
-            with open(self.path, encoding="utf-8") as f:
-                data = json.load(f)
-            entries = data["gpus"]
-            if not isinstance(entries, list):
-                raise TypeError("'gpus' must be a list")
-            hang = float(data.get("hang_seconds", 0))
+            st = os.stat(self.path)
+            identity = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if self._read is None or self._read[0] != identity:  # parsed once per version
+                with open(self.path, encoding="utf-8") as f:
+                    data = json.load(f)
+                entries = data["gpus"]
+                if not isinstance(entries, list):
+                    raise TypeError("'gpus' must be a list")
+                self._read = (identity, entries, float(data.get("hang_seconds", 0)))
+            _, entries, hang = self._read
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise BackendError(f"simulation file {self.path}: {exc}") from exc
         if hang > 0:

@@ -194,9 +194,26 @@ def test_processes_come_from_one_reading_of_the_file(tmp_path, monkeypatch):
     monkeypatch.setattr(simulated, "open", lambda _p, *a, **k: open(next(versions), *a, **k),
                         raising=False)
 
-    result = SimulatedBackend(path="/simulated/gpus.json").processes()
+    real = write(tmp_path / "gpus.json", {"gpus": []})  # what os.stat looks at
+    result = SimulatedBackend(path=str(real)).processes()
 
     assert result in ({"GPU-old": [GpuProcess(4242)]}, {"GPU-new": []})
+
+
+def test_the_file_is_parsed_again_only_when_it_changed(tmp_path, monkeypatch):
+    from resourced.backends import simulated
+
+    path = tmp_path / "gpus.json"
+    write(path, {"gpus": [{"index": 0, "processes": [{"pid": 7}]}]})
+    backend = SimulatedBackend(path=str(path))
+    parsed = []
+    real_load = simulated.json.load
+    monkeypatch.setattr(simulated.json, "load", lambda f: parsed.append(1) or real_load(f))
+    backend.processes()
+    backend.processes()
+    assert len(parsed) == 1
+    write(path, {"gpus": [{"index": 0}, {"index": 1}]})  # a new version: read again
+    assert len(backend.processes()) == 2 and len(parsed) == 2
 
 
 # -- choosing a backend ------------------------------------------------------------------
