@@ -25,6 +25,7 @@ MODES = (USER, SYSTEM)
 SYSTEM_UNIT = "resourced.service"
 USER_UNIT = "resourced-user.service"
 NOTIFY_UNIT = "resourced-notify.service"  # written, never enabled: each user's own choice
+RUNNER_UNIT = "resourced-runner.service"  # the same: `systemctl --user enable --now` it
 DEFAULT_SYSTEM_CONFIG = "/etc/resourced/config.toml"
 ACCOUNT = "resourced"
 SYSUSERS_CONF = "/usr/lib/sysusers.d/resourced.conf"
@@ -65,6 +66,7 @@ USER_FILES = (
     Template("dbus/org.resourced.session.service",
              "$DATA/dbus-1/services/org.resourced.service", DBUS),
     Template(f"systemd/{NOTIFY_UNIT}", f"$CONFIG/systemd/user/{NOTIFY_UNIT}", UNIT),
+    Template(f"systemd/{RUNNER_UNIT}", f"$CONFIG/systemd/user/{RUNNER_UNIT}", UNIT),
 )
 
 # Directories that ProtectHome=yes hides from the system service.

@@ -42,6 +42,8 @@ COMMANDS = {
     "config": ("config", "config", "Check a configuration file without starting anything."),
     "resources": ("resources", "resources", "Show RAM and disk health: limits and live figures."),
     "notify": ("notify", "notify", "Show desktop notifications when RAM or disk health changes."),
+    "runner": ("runner", "runner", "Start your bookings' commands at their start (book -- CMD)."),
+    "logs": ("runner", "logs", "Print the output of a booking's command."),
 }
 
 

@@ -102,7 +102,16 @@ def _request(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task
     return {k: v for k, v in request.items() if v is not None}
 
 
-@click.command()
+class _CommandAfterDashes(click.Command):
+    """``book``: a command only after ``--``, so that a stray word (a forgotten --at)
+    is refused rather than kept as a command to run."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta["command_after_dashes"] = "--" in args
+        return super().parse_args(ctx, args)
+
+
+@click.command(cls=_CommandAfterDashes)
 @booking_options
 @click.option("--for", "duration", type=Duration(), required=True,
               help="How long: 30m, 2h, 1d2h...")
@@ -115,8 +124,9 @@ def _request(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task
 @dry_run_option
 @bus_option
 @json_option
+@click.argument("command", nargs=-1, metavar="[-- COMMAND [ARGS]...]")
 def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_name, duration,
-         start, op_id, session, dry_run, bus, as_json):
+         start, op_id, session, dry_run, bus, as_json, command):
     """Book GPUs and/or pool amounts for a time window, all or nothing over all of it.
 
     With --at it is placed exactly then or refused (exit 3, naming the nearest start that
@@ -124,10 +134,18 @@ def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_nam
     with --json an object with status (created, queued: it starts later than now,
     exists: an --op-id replayed, or dry-run) and the booking.
 
-    Example: gpuctl book --gpus 1 --for 2h --at 20:00 --ram 32G
+    After -- a COMMAND is kept for you alone (a job file in your state directory, never
+    sent to the daemon), and your runner (gpuctl runner, or the resourced-runner user
+    unit) starts it at the booking's start on its GPUs and stops it at the end; gpuctl
+    bookings shows its state, gpuctl logs REF its output.
+
+    Example: gpuctl book --gpus 1 --for 2h --at 20:00 --ram 32G -- python train.py
     """
     from ..booking_calls import now_usec
 
+    if command and not click.get_current_context().meta.get("command_after_dashes"):
+        raise click.UsageError(f"unexpected argument {command[0]!r}: a command to run at the "
+                               "start goes after --: gpuctl book ... -- COMMAND [ARGS]...")
     request = _request(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label,
                        task_name, default_gpu=True)
     if op_id is not None:
@@ -136,6 +154,8 @@ def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_nam
     with client(bus) as c:
         result = c.book(duration, start=None if start is None else start / 1e6,
                         dry_run=dry_run, session=session, **request)
+        if command and not dry_run:
+            result["booking"] = _keep_command(c, result["booking"], list(command))
     booking = result["booking"]
     if result["status"] == "created" and start is None and booking["start_usec"] > now:
         result["status"] = "queued"
@@ -150,6 +170,39 @@ def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_nam
             "exists": "already booked (same --op-id):",
             "dry-run": "would book (nothing booked):"}[result["status"]]
     click.echo(f"gpuctl: {said} {where}, {span}", err=True)
+    if command and dry_run:
+        click.echo("gpuctl: the command would be kept for your runner (nothing kept)", err=True)
+
+
+def _keep_command(c, booking: dict, command: list[str]) -> dict:
+    """Write the booking's job file (private: the owner's state directory), report the job
+    pending, and warn when no runner is there to start it; the booking's record then."""
+    import os
+
+    from ..booking_calls import now_usec
+    from ..errors import ResourcedError
+    from ..jobs import JobError, create, ensure_dir, jobs_dir, load, new_job, runner_is_running
+    from ._errors import GpuctlError
+
+    ref = booking["id"]
+    directory = jobs_dir()
+    try:
+        ensure_dir(directory)
+        if load(directory, ref) is not None:  # an --op-id replayed: the first call's stays
+            return booking
+        create(directory, new_job(ref, command, os.getcwd(), os.environ, c.bus, now_usec()))
+    except (JobError, OSError) as exc:
+        raise GpuctlError(f"booked {ref}, but cannot keep its command: {exc}; cancel it "
+                          f"(gpuctl cancel {ref}) or book again") from None
+    try:
+        booking = c.report_job(ref, "pending")
+    except ResourcedError as exc:  # the runner reports it when it sees the job
+        click.echo(f"gpuctl: warning: cannot report the job as pending: {exc}", err=True)
+    if not runner_is_running(directory):
+        click.echo("gpuctl: warning: no runner is running to start the command: run "
+                   "`gpuctl runner`, or enable it: systemctl --user enable --now "
+                   "resourced-runner.service", err=True)
+    return booking
 
 
 @click.command()
@@ -174,10 +227,13 @@ def bookings(all_users, since, bus, as_json):
     if not found:
         click.echo("no bookings" + ("" if all_users else " of yours (--all shows everyone's)"))
         return
-    rows = [("REF", "USER", "STATE", "FROM", "TO", "GPUS", "WANTS", "NOTE")]
+    jobs = any(b.get("job") for b in found[:MAX_ROWS])
+    rows = [("REF", "USER", "STATE", "FROM", "TO", "GPUS", "WANTS", *(("JOB",) if jobs else ()),
+             "NOTE")]
     for b in found[:MAX_ROWS]:
         rows.append((b["id"], b["user"], b["state"], _when(b["start_usec"]), _when(b["end_usec"]),
-                     ",".join(f"gpu{i}" for i in b["gpu_indices"]) or "-", _wants(b), _note(b)))
+                     ",".join(f"gpu{i}" for i in b["gpu_indices"]) or "-", _wants(b),
+                     *((_job(b),) if jobs else ()), _note(b)))
     lines = table(rows)
     if len(found) > MAX_ROWS:
         lines.append(f"... and more after {_when(found[MAX_ROWS]['start_usec'])} "
@@ -502,6 +558,12 @@ def _wants(b: dict) -> str:
         parts.append(f"VRAM {format_bytes(b['vram_bytes'])}" + (" excl." if b["exclusive"] else ""))
     parts += [f"{name} {amount}" for name, amount in b["pools"].items()]
     return ", ".join(parts)
+
+
+def _job(b: dict) -> str:
+    """The state of the booking's command (its exit code when it failed); - for none."""
+    job = b.get("job") or "-"
+    return f"{job} ({b['job_exit']})" if job == "failed" and b.get("job_exit", -1) >= 0 else job
 
 
 def _note(b: dict) -> str:

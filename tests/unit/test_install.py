@@ -1,5 +1,8 @@
 """resourced.install: the plan that `gpuctl service enable/disable` carries out."""
 
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -56,8 +59,10 @@ def test_user_plan_goes_to_the_users_xdg_directories(tmp_path):
     unit_path = tmp_path / "home/alice/.config/systemd/user/resourced-user.service"
     activation = tmp_path / "home/alice/.local/share/dbus-1/services/org.resourced.service"
     notify = tmp_path / "home/alice/.config/systemd/user/resourced-notify.service"
-    assert set(files) == {unit_path, activation, notify}
+    runner = tmp_path / "home/alice/.config/systemd/user/resourced-runner.service"
+    assert set(files) == {unit_path, activation, notify, runner}
     assert f"\nExecStart={sys.executable} -m resourced.cli notify\n" in files[notify]
+    assert f"\nExecStart={sys.executable} -m resourced.cli runner\n" in files[runner]
     command = f"{sys.executable} -m resourced.daemon --session --config /home/alice/gpus.toml"
     assert f"\nExecStart={command}\n" in files[unit_path]
     assert f"\nExec={command}\n" in files[activation]
@@ -79,7 +84,8 @@ def test_absolute_xdg_variables_win_and_relative_ones_are_ignored():
     paths = [f.path for f in install.plan_enable("user", sys.executable, env=env).write]
     assert paths == [Path("/cfg/systemd/user/resourced-user.service"),
                      Path("/home/alice/.local/share/dbus-1/services/org.resourced.service"),
-                     Path("/cfg/systemd/user/resourced-notify.service")]
+                     Path("/cfg/systemd/user/resourced-notify.service"),
+                     Path("/cfg/systemd/user/resourced-runner.service")]
 
 
 @pytest.mark.parametrize("mode", ["user", "system"])
@@ -108,7 +114,7 @@ def test_disable_removes_exactly_what_enable_writes(tmp_path, mode):
 def test_paths_with_spaces_and_specifiers_are_quoted():
     python = "/opt/my env/50%/$bin/python"
     plan = install.plan_enable("user", python, "/etc/a b.toml", env=HOME_ENV)
-    unit, activation, _notify = (f.content for f in plan.write)
+    unit, activation, _notify, _runner = (f.content for f in plan.write)
     assert ('\nExecStart="/opt/my env/50%%/$$bin/python" -m resourced.daemon --session '
             '--config "/etc/a b.toml"\n') in unit
     assert ("\nExec='/opt/my env/50%/$bin/python' -m resourced.daemon --session "
@@ -172,3 +178,32 @@ def test_the_polkit_rule_names_the_configured_access_group(tmp_path):
 def test_an_invalid_group_name_is_refused(tmp_path):
     with pytest.raises(install.InstallError, match="not a valid group name"):
         install.plan_enable("system", sys.executable, None, tmp_path, group='x"); evil(')
+
+
+def test_the_runner_unit_is_a_user_unit_written_but_left_to_the_user_to_enable(tmp_path):
+    plan = install.plan_enable("user", sys.executable, root=tmp_path, env=HOME_ENV)
+    runner = _contents(plan)[tmp_path / "home/alice/.config/systemd/user/resourced-runner.service"]
+    for line in ("Type=exec", "Restart=on-failure", "WantedBy=default.target",
+                 "KillMode=process"):
+        assert f"\n{line}\n" in runner
+    assert all("resourced-runner.service" not in " ".join(cmd) for cmd in plan.commands)
+    disable = install.plan_disable("user", tmp_path, env=HOME_ENV)
+    assert tmp_path / "home/alice/.config/systemd/user/resourced-runner.service" in disable.remove
+    system = install.plan_enable("system", sys.executable, root=tmp_path)
+    assert not any(f.path.name == "resourced-runner.service" for f in system.write)
+
+
+def test_systemd_accepts_the_runner_unit(tmp_path):
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    plan = install.plan_enable("user", sys.executable, root=tmp_path, env=HOME_ENV)
+    unit = tmp_path / "resourced-runner.service"
+    unit.write_text(_contents(plan)[
+        tmp_path / "home/alice/.config/systemd/user/resourced-runner.service"])
+    runtime = tmp_path / "xdg-runtime"
+    runtime.mkdir(mode=0o700)
+    done = subprocess.run(["systemd-analyze", "--user", "verify", str(unit)],
+                          env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
+                          capture_output=True, text=True, timeout=60, check=False)
+    about_us = [line for line in (done.stdout + done.stderr).splitlines() if unit.name in line]
+    assert done.returncode == 0 and about_us == [], done.stdout + done.stderr
