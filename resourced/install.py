@@ -25,10 +25,10 @@ MODES = (USER, SYSTEM)
 SYSTEM_UNIT = "resourced.service"
 USER_UNIT = "resourced-user.service"
 NOTIFY_UNIT = "resourced-notify.service"  # written, never enabled: each user's own choice
-RUNNER_UNIT = "resourced-runner.service"  # the same: `systemctl --user enable --now` it
+RUNNER_UNIT = "resourced-runner.service"  # started with the user service (system: each user's choice)
 DEFAULT_SYSTEM_CONFIG = "/etc/resourced/config.toml"
 ACCOUNT = "resourced"
-SYSUSERS_CONF = "/usr/lib/sysusers.d/resourced.conf"
+SYSUSERS_CONF = "/etc/sysusers.d/resourced.conf"
 
 Command = tuple[str, ...]
 
@@ -48,11 +48,16 @@ class Template:
 
 SYSTEM_FILES = (
     Template("systemd/resourced.service", f"/etc/systemd/system/{SYSTEM_UNIT}", UNIT),
-    Template("dbus/org.resourced.conf", "/usr/share/dbus-1/system.d/org.resourced.conf"),
+    # The local administrator's places where they exist: /etc/dbus-1/system.d for the bus
+    # policy, /etc/sysusers.d for the account, /etc/systemd for units. The activation file
+    # and the polkit actions have only /usr/share (dbus-daemon and polkitd read no /etc
+    # directory for those).
+    Template("dbus/org.resourced.conf", "/etc/dbus-1/system.d/org.resourced.conf"),
     Template("dbus/org.resourced.service",
              "/usr/share/dbus-1/system-services/org.resourced.service"),
     Template("systemd/resourced.sysusers", SYSUSERS_CONF),
     Template(f"systemd/{NOTIFY_UNIT}", f"/etc/systemd/user/{NOTIFY_UNIT}", UNIT),
+    Template(f"systemd/{RUNNER_UNIT}", f"/etc/systemd/user/{RUNNER_UNIT}", UNIT),
 )
 POLKIT_FILES = (
     Template("polkit/org.resourced.policy", "/usr/share/polkit-1/actions/org.resourced.policy"),
@@ -154,7 +159,7 @@ def plan_enable(
                     ("systemctl", "enable", "--now", SYSTEM_UNIT))
     else:
         commands = (("systemctl", "--user", "daemon-reload"),
-                    ("systemctl", "--user", "enable", "--now", USER_UNIT))
+                    ("systemctl", "--user", "enable", "--now", USER_UNIT, RUNNER_UNIT))
     # The unit file comes first in every file table.
     return Plan(mode, _unit(mode), files[0].path, write=files, commands=commands,
                 notes=_notes(mode, python, config))
@@ -173,7 +178,8 @@ def plan_disable(
         stop = (("systemctl", "disable", "--now", SYSTEM_UNIT),)
         commands = (("systemctl", "daemon-reload"), _RELOAD_BUS_POLICY)
     else:
-        stop = (("systemctl", "--user", "disable", "--now", USER_UNIT),)
+        stop = (("systemctl", "--user", "disable", "--now", USER_UNIT, RUNNER_UNIT,
+                 NOTIFY_UNIT),)
         commands = (("systemctl", "--user", "daemon-reload"),)
     return Plan(mode, _unit(mode), paths[0], remove=paths, stop=stop, commands=commands)
 

@@ -23,12 +23,13 @@ def test_system_plan_fills_in_the_interpreter_and_config(tmp_path):
     files = _contents(plan)
     assert set(files) == {
         tmp_path / "etc/systemd/system/resourced.service",
-        tmp_path / "usr/share/dbus-1/system.d/org.resourced.conf",
+        tmp_path / "etc/dbus-1/system.d/org.resourced.conf",
         tmp_path / "usr/share/dbus-1/system-services/org.resourced.service",
-        tmp_path / "usr/lib/sysusers.d/resourced.conf",
+        tmp_path / "etc/sysusers.d/resourced.conf",
         tmp_path / "usr/share/polkit-1/actions/org.resourced.policy",
         tmp_path / "etc/polkit-1/rules.d/50-resourced.rules",
         tmp_path / "etc/systemd/user/resourced-notify.service",
+        tmp_path / "etc/systemd/user/resourced-runner.service",
     }
     assert 'subject.isInGroup("resourced")' in files[tmp_path / "etc/polkit-1/rules.d/50-resourced.rules"]
     unit = files[tmp_path / "etc/systemd/system/resourced.service"]
@@ -37,7 +38,7 @@ def test_system_plan_fills_in_the_interpreter_and_config(tmp_path):
     assert plan.unit_path == tmp_path / "etc/systemd/system/resourced.service"
     assert all(f.mode == 0o644 for f in plan.write)
     assert plan.commands == (
-        ("systemd-sysusers", "/usr/lib/sysusers.d/resourced.conf"),
+        ("systemd-sysusers", "/etc/sysusers.d/resourced.conf"),
         ("busctl", "call", "org.freedesktop.DBus", "/org/freedesktop/DBus",
          "org.freedesktop.DBus", "ReloadConfig"),
         ("systemctl", "daemon-reload"),
@@ -69,7 +70,8 @@ def test_user_plan_goes_to_the_users_xdg_directories(tmp_path):
     assert "\nSystemdService=resourced-user.service\n" in files[activation]
     assert plan.commands == (
         ("systemctl", "--user", "daemon-reload"),
-        ("systemctl", "--user", "enable", "--now", "resourced-user.service"),
+        ("systemctl", "--user", "enable", "--now", "resourced-user.service",
+         "resourced-runner.service"),
     )
 
 
@@ -105,8 +107,10 @@ def test_disable_removes_exactly_what_enable_writes(tmp_path, mode):
     assert disable.remove == tuple(f.path for f in enable.write)
     assert disable.write == () and disable.unit_path == enable.unit_path
     assert disable.unit == enable.unit
+    units = (enable.unit, "resourced-runner.service", "resourced-notify.service") \
+        if mode == "user" else (enable.unit,)  # every unit of the user's that it wrote
     assert disable.stop == (("systemctl", *(["--user"] if mode == "user" else []), "disable",
-                             "--now", enable.unit),)
+                             "--now", *units),)
     assert ("systemctl", *(["--user"] if mode == "user" else []), "daemon-reload") \
         in disable.commands
 
@@ -180,17 +184,20 @@ def test_an_invalid_group_name_is_refused(tmp_path):
         install.plan_enable("system", sys.executable, None, tmp_path, group='x"); evil(')
 
 
-def test_the_runner_unit_is_a_user_unit_written_but_left_to_the_user_to_enable(tmp_path):
+def test_the_runner_unit_starts_with_the_user_service_and_is_offered_to_every_user(tmp_path):
     plan = install.plan_enable("user", sys.executable, root=tmp_path, env=HOME_ENV)
     runner = _contents(plan)[tmp_path / "home/alice/.config/systemd/user/resourced-runner.service"]
     for line in ("Type=exec", "Restart=on-failure", "WantedBy=default.target",
                  "KillMode=process"):
         assert f"\n{line}\n" in runner
-    assert all("resourced-runner.service" not in " ".join(cmd) for cmd in plan.commands)
+    assert plan.commands[-1] == ("systemctl", "--user", "enable", "--now",
+                                 "resourced-user.service", "resourced-runner.service")
     disable = install.plan_disable("user", tmp_path, env=HOME_ENV)
     assert tmp_path / "home/alice/.config/systemd/user/resourced-runner.service" in disable.remove
+    assert "resourced-runner.service" in disable.stop[0]  # disabled before it is removed
     system = install.plan_enable("system", sys.executable, root=tmp_path)
-    assert not any(f.path.name == "resourced-runner.service" for f in system.write)
+    assert any(f.path == tmp_path / "etc/systemd/user/resourced-runner.service"
+               for f in system.write)  # each user enables theirs
 
 
 def test_systemd_accepts_the_runner_unit(tmp_path):

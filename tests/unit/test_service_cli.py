@@ -73,7 +73,7 @@ def test_enable_under_root_stages_the_files_and_runs_nothing(tmp_path, home):
         assert f"wrote {f.path}\n" in done.stdout
     assert done.stdout.endswith(
         "not run (--root): systemctl --user daemon-reload && "
-        "systemctl --user enable --now resourced-user.service\n")
+        "systemctl --user enable --now resourced-user.service resourced-runner.service\n")
     assert not [p for p in _tree(root) if p.name.startswith(".resourced")]  # no temp files left
 
     done = gpuctl("service", "disable", "--user", "--root", str(root), home=home)
@@ -143,7 +143,8 @@ def test_without_systemd_enable_writes_the_files_and_exits_10(
     assert err == (
         f"gpuctl: systemd is not running (no {tmp_path}/run-systemd-system), so "
         "resourced-user.service was not started (the files are written); once it runs: "
-        "systemctl --user daemon-reload && systemctl --user enable --now resourced-user.service\n")
+        "systemctl --user daemon-reload && systemctl --user enable --now resourced-user.service "
+        "resourced-runner.service\n")
 
 
 def test_without_systemd_disable_removes_the_files_and_exits_10(
@@ -190,7 +191,8 @@ def test_with_systemd_disable_stops_the_unit_before_removing_it(
     monkeypatch.setattr(service_cli.subprocess, "run", stop_sees_the_unit)
     assert main(["service", "disable", "--user"]) == 0
     assert ran == [
-        (("systemctl", "--user", "disable", "--now", "resourced-user.service"), True),
+        (("systemctl", "--user", "disable", "--now", "resourced-user.service",
+          "resourced-runner.service", "resourced-notify.service"), True),
         (("systemctl", "--user", "daemon-reload"), False),
     ]
     assert not unit.exists()
