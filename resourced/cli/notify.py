@@ -12,8 +12,15 @@ with a reason, or lies in a new blackout), ``Ending`` of their claims (given bac
 a booking needs the GPUs, or the claim's own end), and the administrators'
 ``NoticeAdded``: one bubble each (``calendar_message``).
 
-``Bubbles`` is the pure part: given what is on screen, which ``Notify`` or
-``CloseNotification`` to make.  ``Agent`` does the I/O, one message at a time, in order.
+Where the server lists ``"actions"`` in ``GetCapabilities`` (asked once per server), a
+health bubble carries the action ``default`` ("Show details") and a booking's bubble
+"Show bookings": the server's ``ActionInvoked(u id, s key)`` on one of our ids opens a
+terminal ($TERMINAL, else ``x-terminal-emulator``, with ``-e``) running
+``gpuctl resources`` or ``gpuctl bookings`` (``Launcher``), detached and reaped.
+
+``Bubbles`` is the pure part: given what is on screen and what the server can do, which
+``Notify`` (with which actions) or ``CloseNotification`` to make, and what an invoked id
+opens.  ``Agent`` does the I/O, one message at a time, in order.
 It outlives both of its peers: when resourced goes and comes back (``NameOwnerChanged``)
 it re-reads the levels from ``Describe``; when the notification server is missing it logs,
 forgets the ids it held, and shows the current levels once a server appears (or at the
@@ -25,8 +32,11 @@ then one connection serves both.  It exits 1 only when it loses a bus connection
 import contextlib
 import json
 import logging
+import os
 import re
+import shlex
 import signal
+import sys
 from dataclasses import dataclass
 
 import click
@@ -54,6 +64,12 @@ SERVER_GONE = frozenset({
 })
 CALL_TIMEOUT = 25.0      # Notify may first start the server by bus activation
 KEEPALIVE_INTERVAL = 15.0
+# What an invoked bubble opens: gpuctl's arguments, and the label of the action.
+RESOURCES = ("resources",)
+BOOKINGS = ("bookings",)
+ACTION_LABELS = {RESOURCES: "Show details", BOOKINGS: "Show bookings"}
+DEFAULT_ACTION = "default"  # the spec's key for invoking the bubble itself (a click)
+OPENS_KEPT = 64             # ids remembered for ActionInvoked, the newest
 
 
 # -- the pure part ----------------------------------------------------------------------
@@ -72,6 +88,18 @@ class Show:
     urgency: int          # the ``urgency`` hint: 1 normal, 2 critical
     icon: str
     expire_timeout: int   # -1 the server's default, 0 never
+    actions: tuple[str, ...] = ()  # Notify's actions: key, label, key, label...
+
+
+@dataclass(frozen=True)
+class Message:
+    """Call ``Notify`` for a calendar event: a new bubble each time."""
+
+    summary: str
+    body: str
+    urgency: int
+    actions: tuple[str, ...] = ()
+    opens: tuple[str, ...] = ()  # gpuctl's arguments when the bubble is invoked
 
 
 @dataclass(frozen=True)
@@ -110,7 +138,7 @@ def plain_words(label: str, level: str, reason: str) -> tuple[str, str]:
                  ("ram", STOP): "is nearly exhausted", ("ram", WARN): "is running short"}
         title = f"{shown} {state[kind, level]}"
     elif level in (STOP, WARN):
-        title = f"{shown}: {level}"
+        title = f"{shown} {'has reached its limit' if level == STOP else 'is near its limit'}"
     else:
         return f"{shown} cannot be measured", reason
     m = _REACHED.fullmatch(reason)
@@ -135,12 +163,12 @@ def calendar_message(what: str, booking: dict, when: str, me: int) -> tuple[str,
         return f"Booking {ref} ends at {when}", f"Save your work: {gpus} go back then.", 1
     if what == "blackout":
         return (f"Booking {ref} falls in a maintenance window",
-                "An administrator blocked that time; the booking stays. See gpuctl blackout "
-                "list.", 1)
+                ("An administrator blocked that time; the booking stays. See gpuctl blackout "
+                 "list."), 1)
     if what == "ended" and booking.get("Ended") == "no-show":
         return (f"Booking {ref} was released: its GPUs were not used",
-                f"{booking.get('Reason') or 'nothing of yours ran on them'}. Book again when "
-                "you are ready.", 2)
+                (f"{booking.get('Reason') or 'nothing of yours ran on them'}. Book again when "
+                 "you are ready."), 2)
     if what == "ended" and booking.get("EndedBy", -1) not in (-1, me):
         reason = booking.get("Reason") or "no reason given"
         return f"Booking {ref} was cancelled by an administrator", reason, 2
@@ -153,10 +181,43 @@ class Bubbles:
     def __init__(self):
         self._shown: dict[str, tuple[int, str, str]] = {}  # check -> (id, level, reason)
         self.labels: dict[str, str] = {}                   # check -> label, from Describe
+        self.actions_supported = False  # the server lists "actions" in GetCapabilities
+        # id -> gpuctl's arguments, for bubbles shown with an action.  Kept after the
+        # bubble closes (a server may say NotificationClosed before ActionInvoked), the
+        # newest OPENS_KEPT, until the server changes (ids are the server's).
+        self._opens: dict[int, tuple[str, ...]] = {}
 
     @property
     def ids(self) -> dict[str, int]:
         return {check: shown[0] for check, shown in self._shown.items()}
+
+    def _actions(self, opens: tuple[str, ...]) -> tuple[str, ...]:
+        if not (self.actions_supported and opens):
+            return ()
+        return (DEFAULT_ACTION, ACTION_LABELS.get(opens, "Show details"))
+
+    def _remember(self, notification_id: int, opens: tuple[str, ...]) -> None:
+        self._opens.pop(notification_id, None)
+        self._opens[notification_id] = opens
+        while len(self._opens) > OPENS_KEPT:
+            del self._opens[next(iter(self._opens))]
+
+    def message(self, summary: str, body: str, urgency: int,
+                opens: tuple[str, ...] = ()) -> Message:
+        """A calendar bubble; invoking it opens ``gpuctl *opens`` where actions work."""
+        actions = self._actions(opens)
+        return Message(summary, body, urgency, actions, opens if actions else ())
+
+    def message_shown(self, message: Message, notification_id: int) -> None:
+        if message.actions:
+            self._remember(notification_id, message.opens)
+
+    def invoked(self, notification_id: int, key: str) -> tuple[str, ...] | None:
+        """gpuctl's arguments to open for ``ActionInvoked(notification_id, key)``; None
+        when that id is not one of our bubbles with an action, or the key is not ours."""
+        if key != DEFAULT_ACTION:
+            return None
+        return self._opens.get(notification_id)
 
     def level_changed(self, check: str, level: str, reason: str) -> Show | Close | None:
         """The call to make now that ``check`` is at ``level``; None if there is none."""
@@ -177,11 +238,14 @@ class Bubbles:
             urgency=2 if level == STOP else 1,
             icon="dialog-error" if level == STOP else "dialog-warning",
             expire_timeout=0 if level == STOP else -1,
+            actions=self._actions(RESOURCES),
         )
 
     def shown(self, show: Show, notification_id: int) -> None:
         """``Notify`` for ``show`` returned ``notification_id``."""
         self._shown[show.check] = (notification_id, show.level, show.reason)
+        if show.actions:
+            self._remember(notification_id, RESOURCES)
 
     def closed(self, notification_id: int) -> None:
         """The server closed a bubble (expired, dismissed): the next change opens a new one."""
@@ -192,6 +256,7 @@ class Bubbles:
     def forget_all(self) -> None:
         """The notification server went away: its ids mean nothing to the next one."""
         self._shown.clear()
+        self._opens.clear()
 
     def resync(self, current: dict[str, tuple[str, str]]) -> list[Show | Close]:
         """The calls that make the screen show ``current`` (check -> (level, reason)).
@@ -212,6 +277,91 @@ class Bubbles:
         return actions
 
 
+# -- opening a terminal ----------------------------------------------------------------
+
+# Keeps the window open once gpuctl has printed (a terminal closes when its command ends).
+HOLD = '"$@"; printf "\\n%s" "Press Enter to close this window. "; read -r _'
+
+
+def gpuctl_command(args, which, python: str = sys.executable) -> list[str]:
+    """The command line of ``gpuctl *args``, held open: the ``gpuctl`` installed beside
+    this Python, else the one on $PATH, else ``python -m resourced.cli``."""
+    for candidate in (os.path.join(os.path.dirname(python), "gpuctl"), "gpuctl"):
+        found = which(candidate)
+        if found:
+            base = [found]
+            break
+    else:
+        base = [python, "-m", "resourced.cli"]
+    return ["sh", "-c", HOLD, "sh", *base, *args]
+
+
+def terminal_command(command: list[str], environ, which) -> list[str] | None:
+    """``$TERMINAL -e command...`` ($TERMINAL may carry options), else
+    ``x-terminal-emulator -e command...``; None when neither is found."""
+    candidates = []
+    with contextlib.suppress(ValueError):  # unbalanced quotes: as if unset
+        candidates.append(shlex.split(environ.get("TERMINAL", "")))
+    candidates.append(["x-terminal-emulator"])
+    for terminal in candidates:
+        found = terminal and which(terminal[0])
+        if found:
+            return [found, *terminal[1:], "-e", *command]
+    return None
+
+
+def spawn_detached(argv: list[str], env: dict):
+    """Start ``argv`` in a session of its own without waiting for it; a thread reaps it.
+    Returns the ``Popen``."""
+    import subprocess
+    import threading
+
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, start_new_session=True)
+
+    def reap():
+        code = proc.wait()
+        if code:
+            log.info("the terminal %s exited with status %s", argv[0], code)
+    threading.Thread(target=reap, name=f"reap-{proc.pid}", daemon=True).start()
+    return proc
+
+
+class Launcher:
+    """Opens ``gpuctl ARGS`` in a terminal, without blocking and without ever raising."""
+
+    def __init__(self, environ=None, which=None, spawn=None, python: str = sys.executable):
+        import shutil
+
+        self.environ = os.environ if environ is None else environ
+        self.which = which or (lambda name: shutil.which(name, path=self.environ.get("PATH")))
+        self.spawn = spawn or spawn_detached
+        self.python = python
+        self._told_none = False
+
+    def command(self, args) -> list[str] | None:
+        return terminal_command(gpuctl_command(args, self.which, self.python), self.environ,
+                                self.which)
+
+    def open(self, args, extra_env: dict | None = None) -> bool:
+        what = "gpuctl " + " ".join(args)
+        argv = self.command(args)
+        if argv is None:
+            if not self._told_none:
+                log.warning("cannot open %s: no terminal (set $TERMINAL, or install "
+                            "x-terminal-emulator)", what)
+                self._told_none = True
+            return False
+        self._told_none = False
+        try:
+            self.spawn(argv, {**self.environ, **(extra_env or {})})
+        except Exception as exc:  # noqa: BLE001 - a failed launch never stops the agent
+            log.warning("cannot open %s in %s: %s", what, argv[0], exc)
+            return False
+        log.info("opened %s in %s", what, argv[0])
+        return True
+
+
 # -- the agent --------------------------------------------------------------------------
 
 
@@ -222,13 +372,19 @@ class BusLost(Exception):
 class Agent:
     """Turns LevelChanged signals into notifications; see the module docstring."""
 
-    def __init__(self, daemon_router, notify_router, bus: str):
+    def __init__(self, daemon_router, notify_router, bus: str, launcher: Launcher | None = None):
         import asyncio
 
         self.daemon = daemon_router
         self.notifications = notify_router
         self.bus = bus
         self.bubbles = Bubbles()
+        self.launcher = launcher or Launcher()
+        # The notification server as last asked: its unique name and GetCapabilities
+        # (None: not asked yet since it changed).
+        self.server: str | None = None
+        self.capabilities: frozenset[str] | None = None
+        self._token: tuple[int, str] | None = None      # the last ActivationToken(id, token)
         self.current: dict[str, tuple[str, str]] = {}  # check -> (level, reason), last known
         self.owner: str | None = None                   # unique name owning org.resourced
         self.queue: asyncio.Queue = asyncio.Queue()
@@ -245,13 +401,15 @@ class Agent:
 
         level_changed = MatchRule(type=MessageType.signal, interface=MANAGER_IFACE,
                                   member="LevelChanged", path=MANAGER_PATH)
-        closed = MatchRule(type=MessageType.signal, interface=NOTIFICATIONS,
-                           member="NotificationClosed", path=NOTIFICATIONS_PATH)
+        from_server = [MatchRule(type=MessageType.signal, interface=NOTIFICATIONS,
+                                 member=member, path=NOTIFICATIONS_PATH)
+                       for member in ("NotificationClosed", "ActionInvoked", "ActivationToken")]
         await self._listen(self.daemon, level_changed, sender=BUS_NAME)
         for rule in _calendar_rules():
             await self._listen(self.daemon, rule, sender=BUS_NAME)
         await self._listen(self.daemon, _owner_changed(BUS_NAME), sender="org.freedesktop.DBus")
-        await self._listen(self.notifications, closed, sender=NOTIFICATIONS)
+        for rule in from_server:
+            await self._listen(self.notifications, rule, sender=NOTIFICATIONS)
         await self._listen(self.notifications, _owner_changed(NOTIFICATIONS),
                            sender="org.freedesktop.DBus")
         self.owner = await self._name_owner(self.daemon, BUS_NAME)
@@ -325,6 +483,7 @@ class Agent:
                 return
             if check not in self.bubbles.labels:
                 await self.refresh_labels()
+            await self.ask_server()
             await self.apply([self.bubbles.level_changed(check, new, reason)])
         elif member == "NameOwnerChanged" and len(body) == 3:
             name, _old, new = body
@@ -334,27 +493,46 @@ class Agent:
                 if new:
                     await self.resync()
             elif name == NOTIFICATIONS:
-                self.bubbles.forget_all()
+                self.forget_server()
                 if new:
                     log.info("a notification server appeared; showing the current levels")
+                    await self.ask_server()
                     await self.apply(self.bubbles.resync(self.current))
         elif member == "NotificationClosed" and body:
             self.bubbles.closed(body[0])
+        elif member in ("ActionInvoked", "ActivationToken") and len(body) == 2:
+            if self.server is None or fields.get(HeaderFields.sender) != self.server:
+                return  # not from the server our bubbles are on
+            if member == "ActivationToken":
+                self._token = (body[0], body[1])
+            else:
+                self.action_invoked(body[0], body[1])
         elif member in ("BookingChanged", "Ending", "NoticeAdded"):
             await self.calendar_signal(member, body, fields.get(HeaderFields.path, ""))
 
+    def action_invoked(self, notification_id: int, key: str) -> None:
+        """``ActionInvoked``: open what one of our bubbles offers, in a terminal."""
+        args = self.bubbles.invoked(notification_id, key)
+        if args is None:
+            return
+        token, self._token = self._token, None
+        extra = {}
+        if token is not None and token[0] == notification_id:
+            # the spec's ActivationToken: lets the new window take the focus
+            extra = {"XDG_ACTIVATION_TOKEN": token[1], "DESKTOP_STARTUP_ID": token[1]}
+        self.launcher.open([*args, "--bus", self.bus], extra)
+
     async def calendar_signal(self, member: str, body: tuple, path: str) -> None:
         """A bubble for a calendar signal that concerns this user."""
-        import os
-
         from ..booking_calls import local_now
         from ..when import format_when, moment
 
         now = local_now()
+        opens: tuple[str, ...] = ()
         try:
             if member == "NoticeAdded":
                 _, text = body
-                title, text, urgency = "Notice from the administrators", text, 1
+                title, urgency = "Notice from the administrators", 1
             elif member == "BookingChanged":
                 _, what, record = body
                 plain = {k: v for k, (_, v) in record.items()}
@@ -364,6 +542,7 @@ class Agent:
                 if message is None:
                     return
                 title, text, urgency = message
+                opens = BOOKINGS
             else:
                 until, booking = body
                 if not await self._claim_is_mine(path):
@@ -378,14 +557,17 @@ class Agent:
             return
         from jeepney import new_method_call
 
-        hints = {"urgency": ("y", urgency), "category": ("s", "device")}
+        await self.ask_server()
+        message = self.bubbles.message(title, text, urgency, opens)
+        hints = {"urgency": ("y", message.urgency), "category": ("s", "device")}
         msg = new_method_call(_notifications(), "Notify", "susssasa{sv}i", (
-            APP_NAME, 0, "appointment-soon", title, text, [], hints, -1))
-        await self._notify_call(msg, f"show {title!r}")
+            APP_NAME, 0, "appointment-soon", message.summary, message.body,
+            list(message.actions), hints, -1))
+        reply = await self._notify_call(msg, f"show {title!r}")
+        if reply is not None:
+            self.bubbles.message_shown(message, reply.body[0])
 
     async def _claim_is_mine(self, path: str) -> bool:
-        import os
-
         from jeepney import DBusAddress, new_method_call
 
         from ..bus.names import BUS_NAME, CLAIM_IFACE
@@ -430,9 +612,44 @@ class Agent:
             return
         self.current = {c["name"]: (str(c.get("level", "")), str(c.get("reason") or ""))
                         for c in checks}
+        await self.ask_server()
         await self.apply(self.bubbles.resync(self.current))
 
     # -- talking to the notification server --------------------------------------------
+    async def ask_server(self) -> None:
+        """``GetCapabilities``, once per server: do its bubbles get actions?"""
+        if self.capabilities is not None:
+            return
+        from jeepney import new_method_call
+        from jeepney.low_level import HeaderFields
+
+        try:
+            reply = await self._call(self.notifications,
+                                     new_method_call(_notifications(), "GetCapabilities"))
+        except TimeoutError:
+            log.warning("the notification server did not say what it can do; no actions")
+            self.capabilities = frozenset()
+            return
+        error = _error_name(reply)
+        if error in SERVER_GONE:
+            return  # no server: asked again with the next bubble
+        if error:
+            log.warning("cannot ask the notification server what it can do: %s; no actions",
+                        error)
+            self.capabilities = frozenset()
+        else:
+            self.capabilities = frozenset(c for c in reply.body[0] if isinstance(c, str))
+        self.server = reply.header.fields.get(HeaderFields.sender)
+        self.bubbles.actions_supported = "actions" in self.capabilities
+        log.info("the notification server %s actions",
+                 "supports" if self.bubbles.actions_supported else "does not support")
+
+    def forget_server(self) -> None:
+        """The notification server changed or went away: its ids and abilities with it."""
+        self.bubbles.forget_all()
+        self.bubbles.actions_supported = False
+        self.server = self.capabilities = self._token = None
+
     async def apply(self, actions) -> None:
         for action in actions:
             if isinstance(action, Show):
@@ -445,8 +662,8 @@ class Agent:
 
         hints = {"urgency": ("y", show.urgency), "category": ("s", "device")}
         msg = new_method_call(_notifications(), "Notify", "susssasa{sv}i", (
-            APP_NAME, show.replaces_id, show.icon, show.summary, show.body, [], hints,
-            show.expire_timeout))
+            APP_NAME, show.replaces_id, show.icon, show.summary, show.body, list(show.actions),
+            hints, show.expire_timeout))
         reply = await self._notify_call(msg, f"show {show.summary!r}")
         if reply is not None:
             self.bubbles.shown(show, reply.body[0])
@@ -467,7 +684,7 @@ class Agent:
         if error in SERVER_GONE:
             log.warning("cannot %s: no notification server (%s); retrying at the next change",
                         what, error)
-            self.bubbles.forget_all()
+            self.forget_server()
             return None
         if error:
             log.warning("cannot %s: %s %s", what, error, reply.body[0] if reply.body else "")
@@ -493,8 +710,6 @@ class Agent:
 
 def _calendar_rules():
     """This user's booking signals, every claim's Ending (checked to be ours), notices."""
-    import os
-
     from jeepney import MessageType
     from jeepney.bus_messages import MatchRule
 
@@ -629,6 +844,8 @@ def notify(bus):
     A long-running agent for a graphical session: one bubble per check (critical for
     STOP, normal for WARN, ERROR and UNAVAILABLE), updated in place, closed when the check
     is OK again.  It keeps running while resourced or the notification server restarts.
+    Where the server supports actions, clicking a bubble opens gpuctl resources (or, for
+    a booking, gpuctl bookings) in $TERMINAL, else x-terminal-emulator.
     The systemd user unit resourced-notify.service runs it with the session.
 
     Example: gpuctl notify --bus system

@@ -2,6 +2,7 @@
 notification server (dbus-fast, in a thread of this process), without the real daemon."""
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -52,10 +53,12 @@ class FakeManager(ServiceInterface):
 class FakeNotifications(ServiceInterface):
     """org.freedesktop.Notifications that records its calls and hands out ids."""
 
-    def __init__(self):
+    def __init__(self, capabilities=("body",)):
         super().__init__("org.freedesktop.Notifications")
         self.calls: list[tuple] = []
         self.next_id = 1
+        self.capabilities = list(capabilities)
+        self.asked = 0   # GetCapabilities calls
 
     @dbus_method()
     def Notify(self, app_name: "s", replaces_id: "u", app_icon: "s", summary: "s", body: "s",
@@ -66,7 +69,7 @@ class FakeNotifications(ServiceInterface):
         self.calls.append(("Notify", {
             "app_name": app_name, "replaces_id": replaces_id, "summary": summary, "body": body,
             "urgency": hints["urgency"].value, "urgency_signature": hints["urgency"].signature,
-            "expire_timeout": expire_timeout, "id": nid}))
+            "expire_timeout": expire_timeout, "actions": actions, "id": nid}))
         return nid
 
     @dbus_method()
@@ -76,7 +79,8 @@ class FakeNotifications(ServiceInterface):
 
     @dbus_method()
     def GetCapabilities(self) -> "as":
-        return ["body"]
+        self.asked += 1
+        return self.capabilities
 
     @dbus_method()
     def GetServerInformation(self) -> "ssss":
@@ -85,6 +89,14 @@ class FakeNotifications(ServiceInterface):
     @dbus_signal()
     def NotificationClosed(self, nid: "u", reason: "u") -> "uu":
         return [nid, reason]
+
+    @dbus_signal()
+    def ActionInvoked(self, nid: "u", action_key: "s") -> "us":
+        return [nid, action_key]
+
+    @dbus_signal()
+    def ActivationToken(self, nid: "u", token: "s") -> "us":
+        return [nid, token]
 
 
 class Services:
@@ -112,15 +124,19 @@ class Services:
         iface = FakeManager(health)
         return self.run(self._serve(address, "org.resourced", "/org/resourced", iface)), iface
 
-    def notifications(self, address: str) -> FakeNotifications:
-        iface = FakeNotifications()
+    def notifications(self, address: str, capabilities=("body",)) -> FakeNotifications:
+        iface = FakeNotifications(capabilities)
         self.run(self._serve(address, "org.freedesktop.Notifications",
                              "/org/freedesktop/Notifications", iface))
         return iface
 
     def emit(self, iface: FakeManager, *args: str) -> None:
+        self.signal(iface.LevelChanged, *args)
+
+    def signal(self, method, *args) -> None:
+        """Emit a dbus-fast signal (``iface.Member``) from the services' loop."""
         async def emit():
-            iface.LevelChanged(*args)
+            method(*args)
         self.run(emit())
 
     def stop(self, bus: MessageBus) -> None:
@@ -132,10 +148,8 @@ class Services:
 
     def close(self) -> None:
         for bus in list(self.buses):
-            try:
+            with contextlib.suppress(Exception):  # best effort at teardown
                 self.stop(bus)
-            except Exception:  # noqa: BLE001 - best effort at teardown
-                pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
 
@@ -145,7 +159,7 @@ class AgentProcess:
 
     def __init__(self, tmp_path, env: dict, bus: str):
         self.log_path = tmp_path / f"agent-{time.monotonic_ns()}.log"
-        self._log = open(self.log_path, "w")
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - open while the agent runs
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "resourced.cli", "notify", "--bus", bus],
             env=env, stdout=self._log, stderr=subprocess.STDOUT)
@@ -215,6 +229,7 @@ def _three_changes(services, manager, server):
     assert first["summary"] == "Disk /data is full"
     assert first["body"] == PLAIN
     assert first["app_name"] == "resourced"
+    assert first["actions"] == []      # this server has no "actions" capability
 
     services.emit(manager, "data", "STOP", "WARN", "free 15G <= warn_free_gib 20")
     eventually(lambda: len(server.calls) >= 2)
@@ -363,6 +378,167 @@ def test_the_agent_exits_1_when_its_bus_is_gone(tmp_path):
     assert log.read_text().splitlines()[-1] == "gpuctl: lost the connection to the session bus"
 
 
+# -- actions: a click on a bubble opens gpuctl in a terminal ------------------------------
+
+ACTIONS = ("body", "actions")
+
+
+class Terminal:
+    """$TERMINAL for the agent: a script that writes its arguments (and the activation
+    token it was given) as one line to a file, instead of opening a window."""
+
+    def __init__(self, tmp_path):
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        self.argv_file = tmp_path / "terminal-argv"
+        script = bin_dir / "record-terminal"
+        script.write_text('#!/bin/sh\nprintf "%s|%s\\n" "${XDG_ACTIVATION_TOKEN:-}" "$*" '
+                          f'>> "{self.argv_file}"\n')
+        script.chmod(0o755)
+        self.env = {"TERMINAL": str(script), "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
+
+    def lines(self) -> list[str]:
+        return self.argv_file.read_text().splitlines() if self.argv_file.exists() else []
+
+
+@pytest.fixture
+def terminal(tmp_path):
+    return Terminal(tmp_path)
+
+
+def test_a_clicked_health_bubble_opens_gpuctl_resources(buses, services, agents, terminal):
+    session, _ = buses
+    server = services.notifications(session.address, ACTIONS)
+    _, manager = services.resourced(session.address, health(data=("OK", "fine")))
+    agent = agents({**session.env(), **terminal.env})
+    agent.wait_log("(running)")
+    services.emit(manager, "data", "OK", "STOP", REASON)
+    eventually(lambda: len(notifies(server)) == 1)
+    bubble = notifies(server)[0]
+    assert bubble["actions"] == ["default", "Show details"]
+    services.emit(manager, "data", "STOP", "WARN", "free 15G <= warn_free_gib 20")
+    eventually(lambda: len(notifies(server)) == 2)
+    assert notifies(server)[1]["actions"] == ["default", "Show details"]
+    assert server.asked == 1           # once per server, not once per bubble
+
+    # not ours, not our key: nothing opens
+    services.signal(server.ActionInvoked, bubble["id"] + 100, "default")
+    services.signal(server.ActionInvoked, bubble["id"], "some-other-key")
+    services.signal(server.ActivationToken, bubble["id"], "token-1")
+    services.signal(server.ActionInvoked, bubble["id"], "default")
+    eventually(lambda: terminal.lines(), 10)
+    time.sleep(0.3)                    # nothing more may come
+    (line,) = terminal.lines()
+    token, argv = line.split("|", 1)
+    assert token == "token-1"
+    assert argv.startswith("-e sh -c ") and argv.endswith("gpuctl resources --bus session")
+    agent.wait_log("opened gpuctl resources --bus session in")
+
+
+def test_actions_follow_the_notification_server(buses, services, agents, terminal):
+    """A new server is asked again: one without actions gets bubbles without them."""
+    session, _ = buses
+    server = services.notifications(session.address, ACTIONS)
+    _, manager = services.resourced(session.address, health(data=("OK", "fine")))
+    agent = agents({**session.env(), **terminal.env})
+    agent.wait_log("(running)")
+    services.emit(manager, "data", "OK", "WARN", "nearly full")
+    eventually(lambda: len(notifies(server)) == 1)
+    old_id = notifies(server)[0]["id"]
+
+    services.stop(services.bus_of[id(server)])
+    plain = services.notifications(session.address)
+    eventually(lambda: len(notifies(plain)) == 1)
+    assert (plain.asked, notifies(plain)[0]["actions"]) == (1, [])
+    agent.wait_log("the notification server does not support actions")
+    # the old server's id means nothing now, even if this one says it
+    services.signal(plain.ActionInvoked, old_id, "default")
+    services.emit(manager, "data", "WARN", "STOP", REASON)
+    eventually(lambda: len(notifies(plain)) == 2)
+    time.sleep(0.2)
+    assert terminal.lines() == []
+
+
+def test_an_action_from_someone_else_opens_nothing(buses, services, agents, terminal):
+    session, _ = buses
+    server = services.notifications(session.address, ACTIONS)
+    _, manager = services.resourced(session.address, health(data=("OK", "fine")))
+    agent = agents({**session.env(), **terminal.env})
+    agent.wait_log("(running)")
+    services.emit(manager, "data", "OK", "STOP", REASON)
+    eventually(lambda: len(notifies(server)) == 1)
+    nid = notifies(server)[0]["id"]
+
+    async def impostor_invokes():
+        from dbus_fast import Message, MessageType
+
+        bus = await MessageBus(bus_address=session.address).connect()
+        dbus = await bus.introspect("org.freedesktop.DBus", "/org/freedesktop/DBus")
+        daemon = bus.get_proxy_object("org.freedesktop.DBus", "/org/freedesktop/DBus", dbus)
+        iface = daemon.get_interface("org.freedesktop.DBus")
+        agent_name = [name for name in await iface.call_list_names() if name.startswith(":")
+                      and await iface.call_get_connection_unix_process_id(name)
+                      == agent.proc.pid]
+        assert len(agent_name) == 1
+        # broadcast (the bus drops it: the match names the server) and sent to the agent
+        for destination in (None, agent_name[0]):
+            await bus.send(Message(
+                message_type=MessageType.SIGNAL, destination=destination,
+                path="/org/freedesktop/Notifications",
+                interface="org.freedesktop.Notifications", member="ActionInvoked",
+                signature="us", body=[nid, "default"]))
+        await asyncio.sleep(0.3)
+        bus.disconnect()
+    services.run(impostor_invokes())
+    time.sleep(0.3)
+    assert terminal.lines() == []
+    services.signal(server.ActionInvoked, nid, "default")    # the server itself: it opens
+    eventually(lambda: terminal.lines(), 10)
+
+
+def test_a_booking_bubble_opens_gpuctl_bookings(buses, services, agents, terminal):
+    session, _ = buses
+    server = services.notifications(session.address, ACTIONS)
+    manager = NoticeManager(health())
+    bus = services.run(services._serve(session.address, "org.resourced", "/org/resourced",
+                                       manager))
+    mine = FakeUser()
+    bus.export(f"/org/resourced/user/{os.getuid()}", mine)
+    agent = agents({**session.env(), **terminal.env})
+    agent.wait_log("(running)")
+    services.signal(mine.BookingChanged, "bmine01", "started", _record("bmine01"))
+    services.signal(manager.NoticeAdded, "n1", "GPU 3 is replaced on Friday")
+    eventually(lambda: len(notifies(server)) == 2)
+    booking, notice = notifies(server)
+    assert booking["actions"] == ["default", "Show bookings"]
+    assert notice["actions"] == []
+    services.signal(server.ActionInvoked, notice["id"], "default")
+    services.signal(server.ActionInvoked, booking["id"], "default")
+    eventually(lambda: terminal.lines(), 10)
+    time.sleep(0.3)
+    (line,) = terminal.lines()
+    assert line.endswith("gpuctl bookings --bus session")
+
+
+def test_without_a_terminal_the_agent_says_so_once_and_goes_on(buses, services, agents,
+                                                               tmp_path):
+    session, _ = buses
+    server = services.notifications(session.address, ACTIONS)
+    _, manager = services.resourced(session.address, health(data=("OK", "fine")))
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    agent = agents({**session.env(), "TERMINAL": "", "PATH": str(empty)})
+    agent.wait_log("(running)")
+    services.emit(manager, "data", "OK", "STOP", REASON)
+    eventually(lambda: len(notifies(server)) == 1)
+    for _ in range(2):
+        services.signal(server.ActionInvoked, notifies(server)[0]["id"], "default")
+    agent.wait_log("no terminal")
+    services.emit(manager, "data", "STOP", "OK", "fine")   # still at work
+    eventually(lambda: ("CloseNotification", notifies(server)[0]["id"]) in server.calls)
+    assert agent.log().count("no terminal") == 1
+
+
 # -- gpuctl resources, which reads the same "health" key of Describe ----------------------
 
 def test_gpuctl_resources_shows_the_daemons_figures(buses, services):
@@ -375,7 +551,7 @@ def test_gpuctl_resources_shows_the_daemons_figures(buses, services):
          "free_pct": None, "used_pct": None, "limits": {"warn_free_pct": 15}}]})
     env = {**os.environ, **session.env()}
     done = subprocess.run([sys.executable, "-m", "resourced.cli", "resources"], env=env,
-                          capture_output=True, text=True, timeout=30)
+                          capture_output=True, text=True, timeout=30, check=False)
     assert (done.returncode, done.stderr) == (0, "")
     lines = done.stdout.splitlines()
     assert lines[0].split() == ["CHECK", "TYPE", "PATH", "LEVEL", "FREE", "TOTAL", "USED%",
@@ -388,7 +564,7 @@ def test_gpuctl_resources_shows_the_daemons_figures(buses, services):
     assert lines[-1] == "health: STOP"
 
     done = subprocess.run([sys.executable, "-m", "resourced.cli", "resources", "--json"],
-                          env=env, capture_output=True, text=True, timeout=30)
+                          env=env, capture_output=True, text=True, timeout=30, check=False)
     data = json.loads(done.stdout)
     assert (done.returncode, data["source"], data["level"]) == (0, "daemon", "STOP")
     assert [c["name"] for c in data["checks"]] == ["data", "ram"]
@@ -413,7 +589,7 @@ stop_free_gib = 1
     env = {**os.environ, **session.env(), "DBUS_SYSTEM_BUS_ADDRESS": "unix:path=/nonexistent"}
     done = subprocess.run([sys.executable, "-m", "resourced.cli", "resources", "--json",
                            "--config", str(config)], env=env, capture_output=True, text=True,
-                          timeout=30)
+                          timeout=30, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stderr == f"daemon unreachable: measured locally from {config}\n"
     data = json.loads(done.stdout)
@@ -425,14 +601,17 @@ stop_free_gib = 1
 
     done = subprocess.run([sys.executable, "-m", "resourced.cli", "resources", "--config",
                            str(tmp_path / "missing.toml")], env=env, capture_output=True,
-                          text=True, timeout=30)
+                          text=True, timeout=30, check=False)
     assert done.returncode == 2
     assert done.stderr.startswith("gpuctl: ") and "Traceback" not in done.stderr
 
 
-@pytest.mark.skipif(not (shutil.which("dunst") and shutil.which("Xvfb")),
-                    reason="needs dunst and Xvfb (Debian: apt-get install dunst xvfb)")
-def test_with_a_real_dunst(buses, services, agents, tmp_path):
+@pytest.mark.skipif(not all(shutil.which(tool) for tool in ("dunst", "dunstctl", "dbus-send",
+                                                             "busctl", "Xvfb")),
+                    reason="needs dunst, dunstctl, dbus-send, busctl and Xvfb (Debian: "
+                           "apt-get install dunst dbus-bin systemd xvfb)")
+def test_with_a_real_dunst(buses, services, agents, tmp_path, terminal):
+    """dunst has actions: ``dunstctl action 0`` invokes the bubble's default action."""
     session, _ = buses
     display = f":{90 + os.getpid() % 50}"
     xvfb = subprocess.Popen(["Xvfb", display, "-nolisten", "tcp"],
@@ -444,22 +623,30 @@ def test_with_a_real_dunst(buses, services, agents, tmp_path):
         dunst = subprocess.Popen(["dunst", "-config", "/dev/null"], env=env,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _, manager = services.resourced(session.address, health(data=("OK", "fine")))
-        agent = agents(session.env())
+        agent = agents({**session.env(), **terminal.env})
         agent.wait_log("(running)")
 
         def has_dunst():
             done = subprocess.run(["busctl", f"--address={session.address}", "status",
                                    "org.freedesktop.Notifications"],
-                                  capture_output=True, timeout=5)
+                                  capture_output=True, timeout=5, check=False)
             return done.returncode == 0
         eventually(has_dunst, 10)
         services.emit(manager, "data", "OK", "STOP", REASON)
-        time.sleep(0.5)
+        agent.wait_log("the notification server supports actions")
+
+        def clicked():
+            # the bubble may not be on screen yet; "action 0" is the topmost one
+            subprocess.run(["dunstctl", "action", "0"], env=env, capture_output=True,
+                           timeout=5, check=False)
+            return terminal.lines()
+        eventually(clicked, 15, interval=0.5)
+        assert terminal.lines()[0].endswith("gpuctl resources --bus session")
         services.emit(manager, "data", "STOP", "OK", "fine")   # closed bubbles go to history
 
         def in_history():
             done = subprocess.run(["dunstctl", "history"], env=env, capture_output=True,
-                                  text=True, timeout=5)
+                                  text=True, timeout=5, check=False)
             return "Disk /data is full" in done.stdout
         eventually(in_history, 10)
         assert "cannot show" not in agent.log()

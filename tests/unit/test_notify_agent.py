@@ -8,7 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from resourced.cli.notify import Bubbles, Close, Show, check_label, plain_words
+from resourced.cli.notify import (
+    BOOKINGS,
+    OPENS_KEPT,
+    RESOURCES,
+    Bubbles,
+    Close,
+    Launcher,
+    Show,
+    check_label,
+    gpuctl_command,
+    plain_words,
+    spawn_detached,
+    terminal_command,
+)
 from resourced.core.health import ERROR, NOT_MEASURED, OK, STOP, UNAVAILABLE, WARN
 
 
@@ -32,7 +45,7 @@ def test_warn_and_failures_show_with_normal_urgency():
     for level in (WARN, ERROR, UNAVAILABLE):
         action = b.level_changed(f"c-{level}", level, "why")
         assert (action.urgency, action.expire_timeout, action.replaces_id) == (1, -1, 0)
-        assert action.summary == (f"c-{level}: {level}" if level == WARN
+        assert action.summary == (f"c-{level} is near its limit" if level == WARN
                                   else f"c-{level} cannot be measured")
 
 
@@ -45,6 +58,8 @@ def test_warn_and_failures_show_with_normal_urgency():
      "no answer for 12 s"),
     ("disk /x", WARN, "a reason of another shape", "Disk /x is filling up",
      "a reason of another shape"),
+    ("scratch", STOP, "free 2G <= stop_free_gib 5", "scratch has reached its limit",
+     "2G free; the limit is 5G free."),
 ])
 def test_bubbles_speak_plain_words(label, level, reason, summary, body):
     assert plain_words(label, level, reason) == (summary, body)
@@ -152,7 +167,7 @@ def test_systemd_accepts_the_agents_user_unit(tmp_path):
     runtime.mkdir(mode=0o700)
     done = subprocess.run(["systemd-analyze", "--user", "verify", str(unit)],
                           env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, check=False)
     about_us = [line for line in (done.stdout + done.stderr).splitlines() if unit.name in line]
     assert done.returncode == 0 and about_us == [], done.stdout + done.stderr
 
@@ -174,3 +189,135 @@ def test_calendar_messages_say_what_happened_to_a_booking_in_words():
                                          "of alice used its GPUs in its first 3600 s"}, "", 1000)
     assert no_show[0] == "Booking b1 was released: its GPUs were not used"
     assert no_show[1].startswith("no process of alice used its GPUs") and no_show[2] == 2
+
+
+def test_no_summary_repeats_the_application_name():
+    """The server shows the app name ("resourced") already; a summary is a sentence."""
+    for label in ("disk /data", "ram", "scratch"):
+        for level in (WARN, STOP, ERROR):
+            summary, _ = plain_words(label, level, "free 1G <= stop_free_gib 2")
+            assert "resourced" not in summary.lower() and ":" not in summary, summary
+
+
+# -- actions: only where the server has them -------------------------------------------
+
+def test_bubbles_get_an_action_only_where_the_server_supports_actions():
+    b = Bubbles()
+    assert b.level_changed("data", STOP, "full").actions == ()
+    assert b.message("Booking b1 has started", "x", 1, BOOKINGS).actions == ()
+    b.actions_supported = True
+    assert b.level_changed("data", STOP, "full").actions == ("default", "Show details")
+    booking = b.message("Booking b1 has started", "x", 1, BOOKINGS)
+    assert (booking.actions, booking.opens) == (("default", "Show bookings"), BOOKINGS)
+    assert b.message("Notice from the administrators", "x", 1).actions == ()
+
+
+def test_an_invoked_bubble_of_ours_opens_what_it_offers():
+    b = Bubbles()
+    shown(b, b.level_changed("quiet", WARN, "x"), 1)   # shown before the server had actions
+    b.actions_supported = True
+    shown(b, b.level_changed("data", STOP, "full"), 7)
+    b.message_shown(b.message("Booking b1 has started", "x", 1, BOOKINGS), 8)
+    b.message_shown(b.message("Notice", "x", 1), 9)
+    assert b.invoked(7, "default") == RESOURCES
+    assert b.invoked(8, "default") == BOOKINGS
+    assert b.invoked(7, "another-key") is None
+    for not_ours in (1, 9, 99):
+        assert b.invoked(not_ours, "default") is None
+    # a server may say NotificationClosed before ActionInvoked
+    b.closed(7)
+    assert b.invoked(7, "default") == RESOURCES
+    # the ids of a server that went away mean nothing
+    b.forget_all()
+    assert b.invoked(7, "default") is None and b.invoked(8, "default") is None
+
+
+def test_only_the_newest_ids_are_remembered():
+    b = Bubbles()
+    b.actions_supported = True
+    for nid in range(1, OPENS_KEPT + 11):
+        b.message_shown(b.message("Booking", "x", 1, BOOKINGS), nid)
+    assert b.invoked(10, "default") is None
+    assert b.invoked(11, "default") == b.invoked(OPENS_KEPT + 10, "default") == BOOKINGS
+
+
+# -- which terminal, which gpuctl ------------------------------------------------------
+
+def which_of(*found: str):
+    """A ``which`` that finds ``found`` (names or paths), as /bin/NAME for names."""
+    def which(name):
+        if name not in found:
+            return None
+        return name if "/" in name else f"/bin/{name}"
+    return which
+
+
+def test_the_terminal_is_terminal_else_x_terminal_emulator_else_none():
+    cmd = ["gpuctl", "resources"]
+    both = which_of("kitty", "x-terminal-emulator")
+    assert terminal_command(cmd, {"TERMINAL": "kitty"}, both) == ["/bin/kitty", "-e", *cmd]
+    assert terminal_command(cmd, {"TERMINAL": "kitty --single-instance"}, both) == [
+        "/bin/kitty", "--single-instance", "-e", *cmd]
+    assert terminal_command(cmd, {}, both) == ["/bin/x-terminal-emulator", "-e", *cmd]
+    for missing in ({"TERMINAL": "nonesuch"}, {"TERMINAL": ""}, {"TERMINAL": "'unbalanced"}):
+        assert terminal_command(cmd, missing, both)[0] == "/bin/x-terminal-emulator"
+    assert terminal_command(cmd, {"TERMINAL": "kitty"}, which_of()) is None
+    assert terminal_command(cmd, {}, which_of("kitty")) is None
+
+
+def test_gpuctl_is_the_one_beside_python_else_on_path_else_python_m():
+    python = "/venv/bin/python"
+    beside = gpuctl_command(["resources"], which_of("/venv/bin/gpuctl", "gpuctl"), python)
+    on_path = gpuctl_command(["resources"], which_of("gpuctl"), python)
+    neither = gpuctl_command(["resources"], which_of(), python)
+    assert beside[-2:] == ["/venv/bin/gpuctl", "resources"]
+    assert on_path[-2:] == ["/bin/gpuctl", "resources"]
+    assert neither[-4:] == [python, "-m", "resourced.cli", "resources"]
+    # held open by sh until Enter, the command passed as arguments (no quoting to get wrong)
+    assert neither[:2] == ["sh", "-c"] and neither[3] == "sh"
+
+
+def test_the_launcher_spawns_once_per_invoke_and_tells_once_when_there_is_no_terminal(caplog):
+    spawned = []
+    env = {"TERMINAL": "xterm", "PATH": "/bin"}
+    launcher = Launcher(env, which_of("xterm", "gpuctl"),
+                        lambda argv, env: spawned.append((argv, env)), python="/py/python")
+    assert launcher.open(["resources", "--bus", "session"], {"XDG_ACTIVATION_TOKEN": "t"})
+    (argv, spawn_env), = spawned
+    assert argv[:2] == ["/bin/xterm", "-e"]
+    assert " ".join(argv).endswith("/bin/gpuctl resources --bus session")
+    assert spawn_env == {**env, "XDG_ACTIVATION_TOKEN": "t"}
+
+    none = Launcher({}, which_of("gpuctl"), lambda argv, env: spawned.append(argv))
+    with caplog.at_level("INFO", logger="resourced.notify"):
+        assert not none.open(["resources"])
+        assert not none.open(["resources"])
+    assert [r.getMessage() for r in caplog.records].count(
+        "cannot open gpuctl resources: no terminal (set $TERMINAL, or install "
+        "x-terminal-emulator)") == 1
+    assert len(spawned) == 1
+
+
+def test_a_launch_that_fails_is_logged_not_raised(caplog):
+    def spawn(argv, env):
+        raise PermissionError(13, "Permission denied", argv[0])
+    launcher = Launcher({"TERMINAL": "xterm"}, which_of("xterm"), spawn)
+    with caplog.at_level("WARNING", logger="resourced.notify"):
+        assert launcher.open(["bookings"]) is False
+    assert "cannot open gpuctl bookings in /bin/xterm" in caplog.text
+
+
+def test_spawn_detached_returns_at_once_in_a_new_session_and_leaves_no_zombie(tmp_path):
+    import time
+
+    done = tmp_path / "done"
+    started = time.monotonic()
+    proc = spawn_detached(["sh", "-c", 'sleep 1; echo "$$" > "$0"', str(done)],
+                          dict(os.environ))
+    assert time.monotonic() - started < 0.8       # the agent's loop is not held
+    assert os.getsid(proc.pid) == proc.pid         # its own session: no signals of ours
+    deadline = time.monotonic() + 10
+    while not (proc.returncode is not None and not Path(f"/proc/{proc.pid}").exists()):
+        assert time.monotonic() < deadline, "the child was not reaped"
+        time.sleep(0.02)
+    assert done.read_text().strip() == str(proc.pid)
