@@ -961,6 +961,18 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def ok(cp) -> str:
+    """The stdout of a command that must have succeeded."""
+    assert cp.returncode == 0, f"exit {cp.returncode}\nstdout: {cp.stdout}\nstderr: {cp.stderr}"
+    return cp.stdout
+
+
+def refused(cp, code: int) -> None:
+    """A gpuctl refusal: exit ``code``, a one-line message, no traceback."""
+    assert cp.returncode == code, f"exit {cp.returncode}, wanted {code}\n{cp.stdout}\n{cp.stderr}"
+    assert cp.stderr.startswith("gpuctl: ") and "Traceback" not in cp.stderr, cp.stderr
+
+
 @pytest.fixture
 def clean_claims(rig):
     """Each test starts with every GPU free, and leaves none claimed (root releases all)."""

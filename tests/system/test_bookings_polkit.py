@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from .conftest import BUS_NAME, MANAGER_IFACE, MANAGER_PATH
+from .conftest import BUS_NAME, MANAGER_IFACE, MANAGER_PATH, ok, refused
 
 ACCESS_DENIED = "org.freedesktop.DBus.Error.AccessDenied"
 INTERACTIVE = "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired"
@@ -32,16 +32,6 @@ def no_bookings(rig):
     cancel_all()
     yield
     cancel_all()
-
-
-def ok(cp) -> str:
-    assert cp.returncode == 0, f"exit {cp.returncode}\nstdout: {cp.stdout}\nstderr: {cp.stderr}"
-    return cp.stdout
-
-
-def refused(cp, code: int) -> None:
-    assert cp.returncode == code, f"exit {cp.returncode}, wanted {code}\n{cp.stdout}\n{cp.stderr}"
-    assert cp.stderr.startswith("gpuctl: ") and "Traceback" not in cp.stderr, cp.stderr
 
 
 def book(rig, key: str, at: str = "+1h") -> str:

@@ -35,7 +35,16 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import BUS_NAME, MANAGER_IFACE, MANAGER_PATH, NGPUS, POLKIT_NAME, proc_ids
+from .conftest import (
+    BUS_NAME,
+    MANAGER_IFACE,
+    MANAGER_PATH,
+    NGPUS,
+    POLKIT_NAME,
+    ok,
+    proc_ids,
+    refused,
+)
 
 pytestmark = pytest.mark.usefixtures("clean_claims")
 
@@ -46,17 +55,6 @@ EXIT_NOT_YOURS = 7
 EXIT_ACCESS_DENIED = 8
 MEMBERS = ("alice", "dave")
 EVERYONE = ("alice", "dave", "bob", "carol", "root")
-
-
-def ok(cp) -> str:
-    assert cp.returncode == 0, f"exit {cp.returncode}\nstdout: {cp.stdout}\nstderr: {cp.stderr}"
-    return cp.stdout
-
-
-def refused(cp, code: int) -> None:
-    assert cp.returncode == code, f"exit {cp.returncode}, wanted {code}\n{cp.stdout}\n{cp.stderr}"
-    assert cp.stderr.startswith("gpuctl: "), cp.stderr
-    assert "Traceback" not in cp.stderr, cp.stderr
 
 
 def error_name(result: dict) -> str | None:

@@ -14,22 +14,12 @@ import json
 
 import pytest
 
-from .conftest import BUS_NAME, MANAGER_IFACE, MANAGER_PATH
+from .conftest import BUS_NAME, MANAGER_IFACE, MANAGER_PATH, ok, refused
 
 pytestmark = pytest.mark.usefixtures("clean_claims")
 
 INTERACTIVE = "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired"
 EXIT_USAGE, EXIT_ACCESS_DENIED = 2, 8
-
-
-def ok(cp) -> str:
-    assert cp.returncode == 0, f"exit {cp.returncode}\nstdout: {cp.stdout}\nstderr: {cp.stderr}"
-    return cp.stdout
-
-
-def refused(cp, code: int) -> None:
-    assert cp.returncode == code, f"exit {cp.returncode}, wanted {code}\n{cp.stdout}\n{cp.stderr}"
-    assert cp.stderr.startswith("gpuctl: ") and "Traceback" not in cp.stderr, cp.stderr
 
 
 def claim(rig, key: str, session: str) -> str:
