@@ -10,6 +10,14 @@ for objects nobody looks at.  A claim's object appears the moment anything needs
 a call to its path, a signal it must emit, an Introspect of a path above it (so
 ``busctl tree`` shows every claim) or ``GetManagedObjects``.  To a client it is there
 from the ``ClaimNew`` on, as before.
+
+``/org/resourced`` is also an ``org.freedesktop.DBus.ObjectManager`` (see
+``connection.py``).  The bus announces the objects exported at start (GPUs, pools,
+checks, and checks again after a reload) and the per-user ones; claims, exported
+lazily and quietly, are announced here: ``InterfacesAdded`` (their ``org.resourced.Claim``
+properties, read from the record without exporting) just before ``ClaimNew``, and
+``InterfacesRemoved`` just before ``ClaimRemoved``, whether or not the object was ever
+exported.
 """
 
 import asyncio
@@ -55,12 +63,14 @@ from .bookings import (
 )
 from .caller import Credentials, current_call
 from .claim import ClaimInterface
+from .connection import property_values
 from .describe import StateView
 from .errors import bus_errors
 from .gpu import GpuInterface
 from .health import CheckInterface
 from .interface import Interface
 from .names import (
+    CLAIM_IFACE,
     CLAIM_PREFIX,
     MANAGER_IFACE,
     MANAGER_PATH,
@@ -572,8 +582,17 @@ class ManagerInterface(Interface):
         iface = self._claims.get(claim_id)
         if iface is None and (claim := self.engine.ledger.claims.get(claim_id)) is not None:
             iface = self._claims[claim_id] = ClaimInterface(claim, self)
-            self.bus.export(claim_path(claim_id), iface)
+            self.bus.export(claim_path(claim_id), iface, announce=False)  # see _claim_added
         return iface
+
+    def _claim_added(self, claim) -> None:
+        """InterfacesAdded for a new claim, from its record: its object need not exist (an
+        interface made without ``__init__`` has the getters and none of dbus-fast's cost)."""
+        iface = self._claims.get(claim.id)
+        if iface is None:
+            iface = ClaimInterface.__new__(ClaimInterface)
+            iface.claim, iface.manager = claim, self
+        self.bus.interfaces_added(claim_path(claim.id), {CLAIM_IFACE: property_values(iface)})
 
     def _export_claims_for(self, msg: Message) -> bool:
         """Before dbus-fast dispatches a call, export the claim objects it needs; the call
@@ -608,8 +627,10 @@ class ManagerInterface(Interface):
             if isinstance(event, ClaimQueued):  # a waiter listens on its object: export it
                 self._waiting.add(claim.id)
                 self._claim_object(claim.id)
+                out.append((self._claim_added, claim))
                 out.append((self.ClaimNew, claim.id, claim_path(claim.id)))
             elif isinstance(event, ClaimGranted) and claim.id not in self._waiting:
+                out.append((self._claim_added, claim))
                 out.append((self.ClaimNew, claim.id, claim_path(claim.id)))
             elif isinstance(event, ClaimGranted):  # a waiter served
                 self._waiting.discard(claim.id)
@@ -623,7 +644,8 @@ class ManagerInterface(Interface):
                     self._waiting.discard(claim.id)
                     out.append((iface.Cancelled, event.reason))
                 if iface is not None:
-                    out.append((self.bus.unexport, claim_path(claim.id), iface))
+                    out.append((self.bus.unexport, claim_path(claim.id), iface, False))
+                out.append((self.bus.interfaces_removed, claim_path(claim.id), (CLAIM_IFACE,)))
                 out.append((self.ClaimRemoved, claim.id, claim_path(claim.id), event.reason))
             elif claim.id not in self.engine.ledger.claims:
                 continue  # it ended in the same batch: no object speaks for it any more
@@ -672,12 +694,12 @@ class ManagerInterface(Interface):
         # Two hops: the reply of an async method is sent from a callback scheduled when it
         # returns, which is after this one.
         loop = asyncio.get_running_loop()
-        loop.call_soon(loop.call_soon, _run_all, out)
+        loop.call_soon(loop.call_soon, self._run_all, out)
 
-
-def _run_all(calls: list[tuple]) -> None:
-    for fn, *args in calls:
-        fn(*args)
+    def _run_all(self, calls: list[tuple]) -> None:
+        with self.bus.batch():  # one write for them all
+            for fn, *args in calls:
+                fn(*args)
 
 
 def _report(r: GpuReport) -> dict:

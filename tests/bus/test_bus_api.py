@@ -306,10 +306,10 @@ def test_an_unknown_bus_name_is_an_invalid_request(monkeypatch):
         Client()
 
 
-def test_claims_are_announced_by_claim_new_not_by_object_manager_signals(daemon):
-    """dbus-fast would send InterfacesAdded/Removed from each claim's own path, where
-    object-manager clients never look; ClaimNew/ClaimRemoved are the contract, and
-    GetManagedObjects still lists the claims."""
+def test_claims_are_announced_by_claim_new_and_object_manager_signals(daemon):
+    """Object-manager clients watch the manager's path: a claim is InterfacesAdded there
+    just before ClaimNew and InterfacesRemoved just before ClaimRemoved, and
+    GetManagedObjects lists it with its Claim interface."""
     async def scenario():
         listener = await Peer.connect(daemon.bus.address)
         caller = await Peer.connect(daemon.bus.address)
@@ -318,12 +318,15 @@ def test_claims_are_announced_by_claim_new_not_by_object_manager_signals(daemon)
         managed = await caller.bus.call(Message(
             destination=NAME, path=MANAGER_PATH, interface="org.freedesktop.DBus.ObjectManager",
             member="GetManagedObjects"))
-        assert path in managed.body[0]
+        assert "org.resourced.Claim" in managed.body[0][path]
         await caller.ok("Release", "st", [claim_id, 0])
         await listener.wait_signal(manager_signal("ClaimRemoved"))
-        members = {m.member for m in listener.signals}
-        assert {"ClaimNew", "ClaimRemoved"} <= members
-        assert not members & {"InterfacesAdded", "InterfacesRemoved"}
+        seen = [(m.member, m.path, m.body[0]) for m in listener.signals if m.member in
+                {"InterfacesAdded", "InterfacesRemoved", "ClaimNew", "ClaimRemoved"}]
+        assert seen == [("InterfacesAdded", MANAGER_PATH, path),
+                        ("ClaimNew", MANAGER_PATH, claim_id),
+                        ("InterfacesRemoved", MANAGER_PATH, path),
+                        ("ClaimRemoved", MANAGER_PATH, claim_id)]
         listener.close()
         caller.close()
 
