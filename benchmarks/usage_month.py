@@ -105,6 +105,7 @@ def main() -> None:
         since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now / 1e6 - args.days * 86400))
         with daemon_on_private_bus(GPUS, state_dir=str(state)) as rig:
             env = clean_env(rig.address)
+            env.pop("PYTHONDONTWRITEBYTECODE", None)  # as an installed package would load
             env["PYTHONPYCACHEPREFIX"] = os.path.join(state, "pycache")
             floor = timed([gpuctl, "free"], env, args.runs)
             print(line("gpuctl free (floor)", floor))
