@@ -74,6 +74,12 @@ USER_FILES = (
     Template(f"systemd/{RUNNER_UNIT}", f"$CONFIG/systemd/user/{RUNNER_UNIT}", UNIT),
 )
 
+# Where enable may have to make the directory (Debian 12 has no /etc/sysusers.d; a new
+# user has no ~/.config/systemd/user or ~/.local/share/dbus-1/services): disable drops
+# these again when they are left empty, and no other.
+SYSTEM_MADE_DIRS = frozenset({"sysusers.d"})
+USER_MADE_DIRS = frozenset({"user", "services"})
+
 # Directories that ProtectHome=yes hides from the system service.
 _HIDDEN_FROM_SYSTEM_SERVICE = ("/home", "/root", "/run/user")
 _ELSEWHERE = {
@@ -117,6 +123,7 @@ class Plan:
     stop: tuple[Command, ...] = ()  # while the unit file still exists (disable)
     commands: tuple[Command, ...] = ()
     notes: tuple[str, ...] = ()  # warnings for the person installing
+    prune: tuple[Path, ...] = ()  # after ``remove``: directories to drop if left empty
 
 
 def plan_enable(
@@ -174,6 +181,9 @@ def plan_disable(
     """
     _check_mode(mode)
     paths = tuple(_under(root, target) for _, target in _targets(mode, env))
+    # Directories enable may have made (none of a package's): dropped again when empty.
+    made = SYSTEM_MADE_DIRS if mode == SYSTEM else USER_MADE_DIRS
+    prune = tuple(dict.fromkeys(p.parent for p in paths if p.parent.name in made))
     if mode == SYSTEM:
         stop = (("systemctl", "disable", "--now", SYSTEM_UNIT),)
         commands = (("systemctl", "daemon-reload"), _RELOAD_BUS_POLICY)
@@ -181,7 +191,8 @@ def plan_disable(
         stop = (("systemctl", "--user", "disable", "--now", USER_UNIT, RUNNER_UNIT,
                  NOTIFY_UNIT),)
         commands = (("systemctl", "--user", "daemon-reload"),)
-    return Plan(mode, _unit(mode), paths[0], remove=paths, stop=stop, commands=commands)
+    return Plan(mode, _unit(mode), paths[0], remove=paths, stop=stop, commands=commands,
+                prune=prune)
 
 
 def render(text: str, values: Mapping[str, list[str]], syntax: str) -> str:

@@ -12,6 +12,8 @@
 #   polkitd       the real polkit daemon
 #   util-linux    setpriv and runuser, to run commands as other users
 #   passwd        useradd, userdel, groupadd, groupdel, for their test users
+#   dbus-user-session  a user bus under systemd --user, for the tests under a real systemd
+#                 (tests/systemd: the per-user service)
 # Anyone but root is only told about those (the tests skip themselves without root).
 # The notification test with a real server needs, installed for root, mentioned otherwise:
 #   dunst         a real org.freedesktop.Notifications server
@@ -36,6 +38,7 @@ fi
 [ -x /usr/lib/polkit-1/polkitd ] || system="$system polkitd"
 { command -v setpriv && command -v runuser; } >/dev/null 2>&1 || system="$system util-linux"
 { command -v useradd && command -v groupadd; } >/dev/null 2>&1 || system="$system passwd"
+[ -e /usr/lib/systemd/user/dbus.socket ] || system="$system dbus-user-session"
 command -v dunst >/dev/null 2>&1 || optional="$optional dunst"
 command -v Xvfb >/dev/null 2>&1 || optional="$optional xvfb"
 command -v tmux >/dev/null 2>&1 || optional="$optional tmux"

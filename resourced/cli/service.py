@@ -7,6 +7,7 @@ still written or removed but no command runs, and gpuctl exits with EXIT_NO_SYST
 that a script does not go on as if the service were running.
 """
 
+import contextlib
 import os
 import pwd
 import shlex
@@ -156,6 +157,10 @@ def _carry_out(plan: install.Plan, *, dry_run: bool, staged: bool) -> None:
     for path in plan.remove:
         if _remove(path):
             click.echo(f"removed {path}")
+    for directory in plan.prune:
+        with contextlib.suppress(OSError):  # not empty, or not there: it stays as it is
+            directory.rmdir()
+            click.echo(f"removed {directory}/ (empty)")
     if staged:
         click.echo(f"not run (--root): {_joined((*plan.stop, *plan.commands))}")
         return

@@ -214,3 +214,11 @@ def test_systemd_accepts_the_runner_unit(tmp_path):
                           capture_output=True, text=True, timeout=60, check=False)
     about_us = [line for line in (done.stdout + done.stderr).splitlines() if unit.name in line]
     assert done.returncode == 0 and about_us == [], done.stdout + done.stderr
+
+
+def test_disable_drops_only_the_directories_enable_may_have_made(tmp_path):
+    system = install.plan_disable("system", tmp_path)
+    assert system.prune == (tmp_path / "etc/sysusers.d",)
+    user = install.plan_disable("user", tmp_path, env=HOME_ENV)
+    assert set(user.prune) == {tmp_path / "home/alice/.config/systemd/user",
+                               tmp_path / "home/alice/.local/share/dbus-1/services"}
