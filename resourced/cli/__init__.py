@@ -44,6 +44,7 @@ COMMANDS = {
     "notify": ("notify", "notify", "Show desktop notifications when RAM or disk health changes."),
     "runner": ("runner", "runner", "Start your bookings' commands at their start (book -- CMD)."),
     "logs": ("runner", "logs", "Print the output of a booking's command."),
+    "slurm": ("slurm", "slurm", "Print this machine's gres.conf and slurm.conf lines for Slurm."),
 }
 
 
