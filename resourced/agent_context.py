@@ -20,6 +20,11 @@ CLAIM_KEYS = ("id", "mode", "state", "gpus", "gpu_indices", "vram_bytes", "pools
 
 QUEUE_KEYS = ("id", "user", "priority", "gpus_requested", "vram_bytes", "pools")
 
+CONTEXT_BOOKINGS = 100
+"""The live bookings the context lists, the next by start; ``holding.more_bookings`` says
+when there are more (``gpuctl bookings --json`` and the MCP ``list`` tool give them all):
+an agent reads a context, not a calendar of thousands."""
+
 USEC_PER_HOUR = 3600 * 1_000_000
 
 
@@ -51,7 +56,9 @@ def context(c) -> dict:
     from .booking_calls import now_usec
 
     state = c.status()
-    mine = c.bookings()
+    now = now_usec()
+    mine = [b for b in c.bookings(since=now / 1e6, limit=CONTEXT_BOOKINGS + 1)
+            if b["state"] != "ended"]
     gpus = len(state["gpus"])
     shapes = {"1 GPU for 1h": {"gpus": 1}} if gpus else {}
     if gpus > 1:
@@ -63,14 +70,15 @@ def context(c) -> dict:
     free_gpus = [g["alias"] for g in state["gpus"] if g["state"] == "free"]
     return {
         "schema": SCHEMA,
-        "now": iso_utc(now_usec()),
+        "now": iso_utc(now),
         "me": {"uid": uid, "user": user_name(uid), "pid": os.getpid(),
                "parent_pid": os.getppid(), "session": my_session()},
         "daemon": {"version": state["version"], "mode": state["mode"], "bus": c.bus,
                    "backend": state["backend"]},
         "holding": {
             "claims": [{key: k[key] for key in CLAIM_KEYS} for k in claims],
-            "bookings": [with_times(b) for b in mine if b["state"] != "ended"],
+            "bookings": [with_times(b) for b in mine[:CONTEXT_BOOKINGS]],
+            "more_bookings": len(mine) > CONTEXT_BOOKINGS,
         },
         "free": {
             "gpus": free_gpus,

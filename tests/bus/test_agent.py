@@ -26,6 +26,27 @@ def run(env, *args) -> str:
     return done.stdout
 
 
+def test_context_lists_the_next_live_bookings_and_says_when_there_are_more(
+        agent_env, monkeypatch):
+    from resourced import agent_context
+    from resourced.client import Client
+
+    env, _ = agent_env
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(agent_context, "CONTEXT_BOOKINGS", 2)
+    refs = [run(env, "book", "--gpus", "1", "--for", "1h", "--at", f"+{h}h").strip()
+            for h in (3, 1, 2)]
+    with Client() as c:
+        data = agent_context.context(c)
+        assert [b["id"] for b in data["holding"]["bookings"]] == [refs[1], refs[2]]
+        assert data["holding"]["more_bookings"] is True
+        run(env, "cancel", refs[0])
+        data = agent_context.context(c)  # the cancelled one is not live: all are listed
+    assert [b["id"] for b in data["holding"]["bookings"]] == [refs[1], refs[2]]
+    assert data["holding"]["more_bookings"] is False
+
+
 def test_context_says_what_i_hold_what_is_free_and_when_next(agent_env):
     env, daemon = agent_env
     booked = run(env, "book", "--gpus", "2", "--for", "1h", "--at", "+30m").strip()
