@@ -128,12 +128,13 @@ def recommend(c, duration, gpus: int | None = None, vram=None, ram=None, cpu=Non
     nothing asked for is one whole GPU."""
     import shlex
 
-    from .booking_calls import now_usec
+    from .booking_calls import now_usec, span
+    from .client import _amount
     from .core.clock import whole_second
     from .when import format_span
 
-    seconds = _seconds(duration)
-    ask = {k: _bytes(k, v) if k != "gpus" else v
+    seconds = span("duration", duration) / 1e6
+    ask = {k: _amount(v, k) if k != "gpus" else v
            for k, v in (("gpus", gpus), ("vram", vram), ("ram", ram), ("cpu", cpu))
            if v is not None} or {"gpus": 1}
     found = c.slots(seconds, count=1, **ask)
@@ -148,31 +149,6 @@ def recommend(c, duration, gpus: int | None = None, vram=None, ram=None, cpu=Non
     start = iso_utc(found[0]["start_usec"])
     return {"fits": True, "now": False, "start": start, "gpu_indices": found[0]["gpu_indices"],
             "command": f"gpuctl book {' '.join(amounts)} --at {shlex.quote(start)} --op-id ID"}
-
-
-def _seconds(duration) -> float:
-    from .errors import InvalidRequest
-    from .when import parse_duration
-
-    if isinstance(duration, str):
-        try:
-            return parse_duration(duration)
-        except ValueError as exc:
-            raise InvalidRequest(f"duration: {exc}") from None
-    return duration
-
-
-def _bytes(name: str, value):
-    """An amount as the number gpuctl prints in a command (``20G`` -> bytes)."""
-    from .amounts import parse_amount
-    from .errors import InvalidRequest
-
-    if isinstance(value, str):
-        try:
-            return parse_amount(value)
-        except ValueError as exc:
-            raise InvalidRequest(f"{name}: {exc}") from None
-    return value
 
 
 def holdings(c) -> dict:

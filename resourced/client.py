@@ -98,13 +98,15 @@ def requested_bus(bus: str | None) -> str | None:
     return bus
 
 
-def _amount(value) -> int:
+def _amount(value, name: str = "") -> int:
+    """Bytes or a count from an int or text like ``"20G"``; InvalidRequest (prefixed with
+    ``name``, when given) for anything else."""
     from .amounts import parse_amount
 
     try:
         return parse_amount(value)
     except ValueError as exc:
-        raise InvalidRequest(str(exc)) from None
+        raise InvalidRequest(f"{name}: {exc}" if name else str(exc)) from None
 
 
 def _whole(name: str, value, low: int, high: int) -> int:
@@ -652,6 +654,43 @@ class Client(_Base):
 
     def __exit__(self, *exc):
         self.close()
+
+
+class SharedClient:
+    """One blocking ``Client`` shared by threads, used one call at a time, and made anew
+    at the next call after the daemon was lost (for long-lived programs: resourced-mcp,
+    gpuctl top).  ``options`` go to ``Client``."""
+
+    def __init__(self, bus: str | None = None, **options):
+        import threading
+
+        self.bus = bus
+        self._options = options
+        self._client: Client | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def bus_in_use(self) -> str | None:
+        """The bus of the open connection (None while there is none)."""
+        return self._client.bus if self._client is not None else None
+
+    def call(self, fn):
+        """``fn(client)`` under the lock, in the calling thread."""
+        with self._lock:
+            if self._client is None:
+                self._client = Client(bus=self.bus, **self._options)
+            try:
+                return fn(self._client)
+            except DaemonUnreachable:
+                self._client.close()
+                self._client = None
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
 
 
 class Lease:

@@ -20,7 +20,8 @@ prompt: ``plan_gpu_work``.  No tool runs a command.
 import json
 import os
 import sys
-import threading
+
+from .client import SharedClient
 
 NAME = "resourced"
 MISSING_SDK = ("resourced-mcp: the MCP SDK (mcp 2.x) is not installed; install resourced[mcp]:"
@@ -74,33 +75,15 @@ Plan for running "{what}" on {gpus} GPU(s) for {duration} through resourced:
 """
 
 
-class Bus:
-    """One blocking client for the server's lifetime, used one call at a time (the lock),
-    from worker threads; reopened after the bus was lost.  Also the memory of the
-    operation ids of claims and releases."""
+class Bus(SharedClient):
+    """The server's one client (``SharedClient``: used from worker threads), and the
+    memory of the operation ids of claims and releases."""
 
     def __init__(self, bus: str | None = None):
-        self.bus = bus
-        self._client = None
-        self._lock = threading.Lock()
+        super().__init__(bus)
         self._done: dict[str, tuple[str, dict]] = {}
         self.own: set[str] = set()
         """Refs of the claims owned by this process, released when the session ends."""
-
-    def call(self, fn):
-        """``fn(client)`` under the lock, in the calling (worker) thread."""
-        from .client import Client
-        from .errors import DaemonUnreachable
-
-        with self._lock:
-            if self._client is None:
-                self._client = Client(bus=self.bus)
-            try:
-                return fn(self._client)
-            except DaemonUnreachable:
-                self._client.close()
-                self._client = None
-                raise
 
     def once(self, op_id: str, request: dict, fn, dry_run: bool) -> dict:
         """``fn(client)`` once per operation id: the same id with the same ``request``
@@ -137,12 +120,6 @@ class Bus:
             except ResourcedError:
                 pass
             self.own.discard(ref)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
 
 
 def build_server(link: Bus | None = None):

@@ -17,7 +17,6 @@ the screen never waits on the daemon.
 
 import contextlib
 import os
-import threading
 import time
 from functools import partial
 
@@ -29,7 +28,8 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
 
 from ..booking_calls import local_now, local_text, now_usec
-from ..errors import DaemonUnreachable, NotEnoughCapacity, ResourcedError
+from ..client import SharedClient
+from ..errors import NotEnoughCapacity, ResourcedError
 from ..when import format_span
 from . import model
 from .feed import Feed
@@ -117,8 +117,7 @@ class TopScreen(Screen):
         self.live = False               # the feed's rules are in place
         self._closed = False
         self._read_error = False        # the last read failed: say so until one works
-        self._client = None
-        self._lock = threading.Lock()
+        self._shared = SharedClient(bus=self.bus, timeout=CALL_TIMEOUT, interactive=False)
         self._reload_timer = None
         self._reading = False
         self._dirty = False
@@ -146,24 +145,12 @@ class TopScreen(Screen):
         self._closed = True
         if self.feed is not None:
             self.feed.stop()
-        with self._lock:
-            if self._client is not None:
-                self._client.close()
+        self._shared.close()
 
     # -- the bus, in worker threads ------------------------------------------------------
     def _call(self, fn):
-        """``fn(client)`` under the lock; a lost connection is made anew on the next call."""
-        from ..client import Client
-
-        with self._lock:
-            if self._client is None:
-                self._client = Client(bus=self.bus, timeout=CALL_TIMEOUT, interactive=False)
-            try:
-                return fn(self._client)
-            except DaemonUnreachable:
-                self._client.close()
-                self._client = None
-                raise
+        """``fn(client)`` in this worker thread (``SharedClient``)."""
+        return self._shared.call(fn)
 
     def _start(self, since: int) -> None:
         """Subscribe first, then read: no change falls in between."""
@@ -321,7 +308,7 @@ class TopScreen(Screen):
         cursor = vp.cursor_at(now, cells)
         gpu = self.gpus[vp.row]["label"] if self.gpus else "-"
         where = "following now" if vp.follow else "panned (n: back to now)"
-        bus = getattr(self._client, "bus", None) or self.bus or "?"
+        bus = self._shared.bus_in_use or self.bus or "?"
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append("gpuctl top", style="bold")
         text.append(f"  {bus} bus{'' if self.live else ' (not live)'}  now {local_text(now, now)}"
