@@ -75,13 +75,8 @@ def daemon_on_private_bus(gpus: int | str = 8, args: tuple[str, ...] = (),
         wait_ready(proc, log)
         yield Rig(bus, proc)
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        if proc is not None:
+            stop_process(proc)
         bus.stop()
         log.close()
         shutil.rmtree(runtime_dir, ignore_errors=True)
@@ -90,6 +85,18 @@ def daemon_on_private_bus(gpus: int | str = 8, args: tuple[str, ...] = (),
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def stop_process(proc: subprocess.Popen, grace: float = 10) -> None:
+    """SIGTERM a process still running, then SIGKILL it ``grace`` seconds later."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
 
 
 def _tmpfs() -> str | None:

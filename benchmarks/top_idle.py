@@ -30,7 +30,7 @@ import termios
 import threading
 import time
 
-from _harness import clean_env, daemon_on_private_bus, machine_line
+from _harness import clean_env, daemon_on_private_bus, machine_line, stop_process
 
 TARGET_PCT = 2.0
 SETTLE = 3.0          # seconds after the screen is up before measuring
@@ -123,12 +123,7 @@ def in_pty(argv: list[str], env: dict):
         wait_for(lambda: b"queue" in seen, STARTUP_TIMEOUT, "gpuctl top on the terminal")
         yield proc.pid
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc)
         os.close(master)
 
 

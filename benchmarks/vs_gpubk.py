@@ -77,7 +77,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from _harness import _tmpfs, clean_env, machine_line, rss_mb, summary, wait_ready
+from _harness import _tmpfs, clean_env, machine_line, rss_mb, stop_process, summary, wait_ready
 
 from resourced.client import Client
 from resourced.privatebus import PrivateBus
@@ -279,13 +279,8 @@ class Ours:
         wait_ready(self.proc, self.log, READY_TIMEOUT)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        if self.proc is not None:
+            stop_process(self.proc, grace=30)
         if self.runtime_dir:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
             self.runtime_dir = None
