@@ -26,6 +26,7 @@ from .bus.caller import remember_call
 from .bus.connection import DaemonBus
 from .bus.manager import ManagerInterface
 from .bus.names import BUS_NAME
+from .calendar_store import CalendarStore
 from .config import Config, ConfigError, find_config, load_config, reload_changes
 from .engine import Engine
 from .evidence.host import host_pools
@@ -33,7 +34,6 @@ from .evidence.processes import boot_id
 from .health_monitor import HealthMonitor
 from .jsonlog import StoreBusy, StoreError
 from .sd import notify, reloading, run_watchdog, setup_logging, watchdog_interval
-from .calendar_store import CalendarStore
 from .simclock import clock_from_env
 from .store import ClaimStore
 from .usage_store import UsageStore

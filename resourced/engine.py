@@ -65,7 +65,6 @@ from .core.pools import Pool
 from .core.usage import Hold as UsageHold
 from .core.usage import report as usage_report
 from .core.usewatch import UNKNOWN, UNUSED, USED, UseWatch
-from .usage_store import retention as usage_retention
 from .core.verify import GpuReport, SeenProcess, verify
 from .engine_calendar import CalendarOperations, booking_limits
 from .errors import (
@@ -85,6 +84,7 @@ from .evidence.processes import pid_max, pin_process, process_session, process_u
 from .evidence.proctable import ancestry, command_line, read_table, user_name
 from .sd import audit
 from .threads import off_loop
+from .usage_store import retention as usage_retention
 
 log = logging.getLogger("resourced")
 

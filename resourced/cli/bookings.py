@@ -8,6 +8,7 @@ and shown in local time; the daemon stores UTC.  With the simulated backend, *no
 
 import click
 
+from ..agent_context import iso_utc, with_times
 from ._options import (
     Amount,
     Duration,
@@ -20,7 +21,6 @@ from ._options import (
     json_option,
     session_option,
 )
-from ..agent_context import iso_utc, with_times
 from .status import table
 
 MAX_ROWS = 50

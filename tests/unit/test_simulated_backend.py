@@ -7,10 +7,17 @@ import types
 import pytest
 
 from resourced.backends import (
-    SIMULATION_VARIABLE, BackendError, GpuProcess, NoGpus, select_backend,
+    SIMULATION_VARIABLE,
+    BackendError,
+    GpuProcess,
+    NoGpus,
+    select_backend,
 )
 from resourced.backends.simulated import (
-    DEFAULT_MEMORY_MIB, MIB, SimulatedBackend, simulated_uuid,
+    DEFAULT_MEMORY_MIB,
+    MIB,
+    SimulatedBackend,
+    simulated_uuid,
 )
 from resourced.core.inventory import Gpu
 
