@@ -86,7 +86,7 @@ def stop(session, user, reason, dry_run, bus, as_json):
     if session is None and user is None:
         raise click.UsageError("name what to stop: --session NAME (see gpuctl sessions), "
                                "or --user USER for all of a user's sessions")
-    uid = None if user is None else _uid_of(user)
+    uid = None if user is None else uid_of(user)
     with client(bus) as c:
         stopped = c.stop(session=session, uid=uid, reason=reason, dry_run=dry_run)
     if as_json:
@@ -104,7 +104,8 @@ def stop(session, user, reason, dry_run, bus, as_json):
                f"{' (dry run: nothing changed)' if dry_run else ''}", err=True)
 
 
-def _uid_of(user: str) -> int:
+def uid_of(user: str) -> int:
+    """A user's uid from a name or a number (gpuctl stop and usage take either)."""
     import pwd
 
     if user.isdigit():

@@ -24,9 +24,9 @@ def usage(user, since, until, by, bus, as_json):
 
     Example: gpuctl usage --since "mon 00:00" --by gpu
     """
-    from .sessions import _uid_of
+    from .sessions import uid_of
 
-    uid = None if user is None else _uid_of(user)
+    uid = None if user is None else uid_of(user)
     with client(bus) as c:
         rows = c.usage(since=None if since is None else since / 1e6,
                        until=None if until is None else until / 1e6, uid=uid,
