@@ -330,7 +330,7 @@ class Engine(CalendarOperations):
         if caller.uid == 0:
             return
         s = self.settings
-        gpus = demand.gpus or (1 if demand.vram else 0)
+        gpus = demand.gpu_count
         if session is None:
             whose, suffix = f"uid {caller.uid}", "user"
             limits = (s.max_claims_per_user, s.max_waiting_per_user, s.max_gpus_per_user)

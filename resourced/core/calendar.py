@@ -113,8 +113,9 @@ class Booking:
 
     @property
     def gpu_usec(self) -> int:
-        """What it weighs against the GPU-hour limits: GPUs (a share: one) times length."""
-        return max(len(self.gpus), 1 if self.gpus else 0) * (self.end_usec - self.start_usec)
+        """What it weighs against the GPU-hour limits: GPUs (a share: its one GPU) times
+        length."""
+        return len(self.gpus) * (self.end_usec - self.start_usec)
 
     def hold(self) -> Hold:
         d = self.request.demand

@@ -44,6 +44,11 @@ class Demand:
         if self.gpus and self.vram:
             raise InvalidRequest("ask for whole GPUs or for VRAM on a shared GPU, not both")
 
+    @property
+    def gpu_count(self) -> int:
+        """The GPUs it counts against a limit: whole ones, or one for a VRAM share."""
+        return self.gpus or (1 if self.vram else 0)
+
     @classmethod
     def of(cls, gpus: int = 0, vram: int = 0, pools: dict[str, int] | None = None) -> "Demand":
         return cls(gpus, vram, tuple(sorted((pools or {}).items())))
@@ -148,11 +153,6 @@ class Claim:
     @property
     def shared(self) -> bool:
         return self.demand.vram > 0
-
-    @property
-    def gpu_count(self) -> int:
-        """The GPUs it counts against a limit: whole ones, or one for a VRAM share."""
-        return self.demand.gpus or (1 if self.demand.vram else 0)
 
     def processes(self) -> frozenset[ProcessRef]:
         """The processes known to be the claim's: the owner (while alive) and the members."""

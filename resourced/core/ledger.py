@@ -535,7 +535,7 @@ class Ledger:
     def _add(self, claim: Claim) -> None:
         self.claims[claim.id] = claim
         _count(self._claims_of, claim, 1)
-        _count(self._gpus_of, claim, claim.gpu_count)
+        _count(self._gpus_of, claim, claim.demand.gpu_count)
         if claim.state == QUEUED:
             bisect.insort(self._queue, claim, key=_rank)
             for want in _wants(claim.demand):
@@ -546,7 +546,7 @@ class Ledger:
     def _remove(self, claim: Claim) -> None:
         del self.claims[claim.id]
         _count(self._claims_of, claim, -1)
-        _count(self._gpus_of, claim, -claim.gpu_count)
+        _count(self._gpus_of, claim, -claim.demand.gpu_count)
         if claim.state == QUEUED:
             self._unqueue(claim)
 
@@ -716,7 +716,7 @@ class Ledger:
                                                              for w in _wants(c.demand)}, "lanes"
         assert _counted(self.claims.values()) == self._claims_of, "claims per user and session"
         assert _counted(waiting) == self._waiting_of, "waiting claims per user and session"
-        assert _counted(self.claims.values(), lambda c: c.gpu_count) == self._gpus_of, "GPUs"
+        assert _counted(self.claims.values(), lambda c: c.demand.gpu_count) == self._gpus_of, "GPUs"
         assert sum(bool(c.demand.gpus or c.demand.vram) for c in waiting) == self._gpu_waiting
         granted = [c for c in self.claims.values() if c.state == GRANTED]
         assert {c.id for c in granted if c.reclaimable or c.overdue} == self._reclaimable, \
