@@ -33,7 +33,7 @@ from jeepney.io.blocking import open_dbus_connection
 
 from ..conftest import ROOT
 
-CALLS = int(os.environ.get("RESOURCED_FUZZ_CALLS", "4000"))
+CALLS = int(os.environ.get("RESOURCED_FUZZ_CALLS", "8000"))
 SEED = int(os.environ.get("RESOURCED_FUZZ_SEED", "1729"))
 GOLDEN = ROOT / "dbus" / "org.resourced.xml"
 NAME = "org.resourced"
