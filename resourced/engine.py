@@ -316,12 +316,14 @@ class Engine(CalendarOperations):
                 "back then"]
 
     def _session_of(self, pid: int, given: str | None) -> str:
-        """The session a request names (checked), or its process's Unix session."""
+        """The session a request names (checked), or its process's Unix session. Session
+        0 is a real answer: the process's session leader is outside its PID namespace
+        (a container started without a new session), and all such processes share it."""
         if given is not None:
             check_session(given)
             return given
         sid = process_session(pid) if pid > 0 else None
-        return default_session(sid) if sid else ""
+        return "" if sid is None else default_session(sid)
 
     def _check_limits(self, caller: Caller, wait: bool, demand: Demand,
                       session: str | None = None) -> None:

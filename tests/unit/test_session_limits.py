@@ -98,6 +98,18 @@ def test_a_claim_without_a_session_is_in_its_owners_unix_session(as_user):
     run(test)
 
 
+def test_session_0_is_a_session_too(as_user, monkeypatch):
+    """In a container whose session leader is outside its PID namespace every process
+    reads session 0 (CI's runners do): its claims are in "sid:0", not in no session."""
+    monkeypatch.setattr(engine_module, "process_session", lambda pid: 0)
+
+    async def test():
+        async with engine_on(gpus=2) as (engine, _):
+            assert (await claim(engine, gpus=1)).session == "sid:0"
+            assert counts(engine, "sid:0") == (1, 0, 1)
+    run(test)
+
+
 def test_an_invalid_session_is_refused_and_changes_nothing(as_user):
     async def test():
         async with engine_on(gpus=2) as (engine, events):
