@@ -79,8 +79,9 @@ class DaemonConfig:
     probe_timeout: float = 10.0      # a GPU or disk probe slower than this has failed
     sample_interval: float = 30.0    # between resource samples
     dead_owner_grace: float = 600.0  # release a dead owner's claims after this; 0 = never
-    access_group: str = "resourced"  # group allowed to use a shared (system) daemon
+    access_group: str = "resourced"  # group allowed to use a shared (system or --shared) daemon
     persist: bool = True             # keep live claims across daemon restarts
+    shared_dir: str = ""             # host a shared bus in this directory (resourced --shared)
     max_claims_per_user: int = 1024  # live claims (granted or waiting) of one user; 0 = no limit
     max_waiting_per_user: int = 64   # waiting claims of one user; 0 = no limit
     state_dir: str = ""              # the calendar's lasting state; "" = the mode's default
@@ -369,6 +370,7 @@ _DAEMON = {
     "dead_owner_grace": (_number(0), False),
     "access_group": (_string(_GROUP, "a valid group name"), False),
     "persist": (_boolean, False),
+    "shared_dir": (_directory, False),
     "max_claims_per_user": (_index, False),
     "max_waiting_per_user": (_index, False),
     "state_dir": (_directory, False),
@@ -548,7 +550,8 @@ class _Checker:
 
 # --- reloading ---------------------------------------------------------------------------
 
-_RESTART = frozenset({"daemon.runtime_dir", "daemon.state_dir", "daemon.persist", "gpu", "pool"})
+_RESTART = frozenset({"daemon.runtime_dir", "daemon.state_dir", "daemon.shared_dir",
+                      "daemon.persist", "gpu", "pool"})
 
 
 def reload_changes(old: Config, new: Config) -> tuple[list[str], list[str]]:

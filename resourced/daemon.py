@@ -1,6 +1,6 @@
 """The resourced daemon: wires the engine to the bus and runs the event loop.
 
-    resourced [--session | --system] [--config FILE] [--replace]
+    resourced [--session | --system | --shared DIR [--group G]] [--config FILE] [--replace]
 
 Start-up order: read the GPUs, export the objects, then take the bus name, so a client
 that sees ``org.resourced`` owned always finds a usable API.
@@ -9,8 +9,10 @@ that sees ``org.resourced`` owned always finds a usable API.
 import argparse
 import asyncio
 import contextlib
+import grp
 import logging
 import os
+import pwd
 import resource
 import signal
 import sqlite3
@@ -26,6 +28,7 @@ from .bus.caller import remember_call
 from .bus.connection import DaemonBus
 from .bus.manager import ManagerInterface
 from .bus.names import BUS_NAME
+from .bus.polkit import SharedAccess
 from .calendar_store import CalendarStore
 from .config import Config, ConfigError, find_config, load_config, reload_changes
 from .engine import Engine
@@ -34,6 +37,7 @@ from .evidence.processes import boot_id
 from .health_monitor import HealthMonitor
 from .jsonlog import StoreBusy, StoreError
 from .sd import notify, reloading, run_watchdog, setup_logging, watchdog_interval
+from .shared_bus import SharedBus, SharedBusError
 from .simclock import clock_from_env
 from .store import ClaimStore
 from .usage_store import UsageStore
@@ -61,12 +65,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="serve one user on the session bus (the default)")
     bus.add_argument("--system", dest="mode", action="store_const", const="system",
                      help="serve every user on the system bus")
+    bus.add_argument("--shared", metavar="DIR",
+                     help="host a bus of its own in DIR for a group, without root "
+                          "(default: [daemon] shared_dir)")
+    p.add_argument("--group", metavar="GROUP",
+                   help="with --shared: the group that may use it (default: [daemon] "
+                        "access_group)")
     p.add_argument("--config", metavar="FILE", help="configuration file")
     p.add_argument("--replace", action="store_true",
                    help="take the bus name from a running daemon (for development)")
     p.add_argument("--version", action="version", version=f"resourced {__version__}")
-    p.set_defaults(mode="session")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.shared is not None:
+        args.mode = "shared"
+    if args.group is not None and args.mode not in (None, "shared"):
+        p.error("--group goes with --shared")
+    if args.replace and args.mode == "shared":
+        p.error("--replace does not apply to --shared: the directory's lock keeps one host")
+    return args
 
 
 def runtime_dir(mode: str, configured: str, environ=os.environ) -> Path:
@@ -132,11 +148,73 @@ class Reloader:
 
 
 def load_startup_config(args: argparse.Namespace) -> tuple[Path | None, Config]:
+    """The configuration; it also settles the mode left open (--shared without --session
+    or --system where ``shared_dir`` is set, else the session bus)."""
     try:
         path = find_config(args.config, os.environ, system=args.mode == "system")
-        return path, load_config(path)
+        config = load_config(path)
     except ConfigError as exc:
         raise StartupError(str(exc), EXIT_USAGE) from exc
+    if args.mode is None:
+        args.mode = "shared" if config.daemon.shared_dir else "session"
+    if args.mode == "shared":
+        args.shared = args.shared or config.daemon.shared_dir
+        args.group = args.group or config.daemon.access_group
+    return path, config
+
+
+async def host_shared_bus(args: argparse.Namespace) -> SharedBus:
+    """Take DIR and start its bus (``resourced --shared``)."""
+    shared = SharedBus(args.shared, args.group)
+    try:
+        shared.prepare()
+    except SharedBusError as exc:
+        raise StartupError(str(exc), EXIT_NAME_TAKEN if "already hosted" in str(exc)
+                           else EXIT_FAILURE) from exc
+    try:
+        await shared.start()
+    except SharedBusError as exc:
+        shared.close()
+        raise StartupError(str(exc)) from exc
+    log.info("hosting the shared bus %s for group %s (bus pid %d)", shared.address,
+             shared.group, shared.pid)
+    return shared
+
+
+async def connect(args: argparse.Namespace, shared: SharedBus | None,
+                  stop: asyncio.Event) -> DaemonBus:
+    """A connection to the mode's bus, with the daemon's message handlers."""
+    try:
+        if shared:
+            bus = await DaemonBus(bus_address=shared.address).connect()
+        else:
+            bus_type = BusType.SYSTEM if args.mode == "system" else BusType.SESSION
+            bus = await DaemonBus(bus_type=bus_type).connect()
+    except (OSError, ValueError) as exc:
+        raise StartupError(f"cannot connect to the {args.mode} bus: {exc}") from exc
+    bus.add_message_handler(remember_call)
+    bus.add_message_handler(_name_lost_watcher(stop))
+    return bus
+
+
+RESTART_TRIES = 5
+
+
+async def restart_shared_bus(args, shared: SharedBus, stop: asyncio.Event) -> DaemonBus | None:
+    """The shared bus died: start it again and connect (a few tries, a second apart);
+    None if it will not come back."""
+    for attempt in range(1, RESTART_TRIES + 1):
+        await shared.stop()
+        try:
+            await shared.start()
+            bus = await connect(args, shared, stop)
+        except (SharedBusError, StartupError) as exc:
+            log.error("restarting the shared bus (try %d of %d): %s", attempt, RESTART_TRIES, exc)
+            await asyncio.sleep(1)
+            continue
+        log.warning("the shared bus stopped; started it again (bus pid %d)", shared.pid)
+        return bus
+    return None
 
 
 NAME_TAKEN_MESSAGE = ("{name} is already owned on the {mode} bus: another resourced is running "
@@ -169,14 +247,13 @@ async def open_store(opener, wait: float):
 async def serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     config_path, config = load_startup_config(args)
-    bus_type = BusType.SYSTEM if args.mode == "system" else BusType.SESSION
-    try:
-        bus = await DaemonBus(bus_type=bus_type).connect()
-    except (OSError, ValueError) as exc:
-        raise StartupError(f"cannot connect to the {args.mode} bus: {exc}") from exc
     stop = asyncio.Event()
-    bus.add_message_handler(remember_call)
-    bus.add_message_handler(_name_lost_watcher(stop))
+    shared = await host_shared_bus(args) if args.mode == "shared" else None
+    try:
+        bus = await connect(args, shared, stop)
+    except StartupError:
+        await _close_shared(shared)
+        raise
     try:
         # --replace takes the name first, so the old daemon exits and frees the directory;
         # otherwise the name is taken last, once the API is complete.
@@ -209,6 +286,7 @@ async def serve(args: argparse.Namespace) -> int:
             raise StartupError(str(exc), EXIT_FAILURE) from exc
     except StartupError:
         bus.disconnect()
+        await _close_shared(shared)
         raise
     engine = Engine(select_backend(), store if config.daemon.persist else None,
                     config.daemon, config.gpus, host_pools(config.pools), clock=clock,
@@ -220,12 +298,14 @@ async def serve(args: argparse.Namespace) -> int:
         calendar.close()
         usage.close()
         bus.disconnect()
+        await _close_shared(shared)
         raise StartupError(f"cannot read the calendar: {exc}", EXIT_FAILURE) from exc
     health = HealthMonitor(config.checks, config.daemon.sample_interval,
                            config.daemon.probe_timeout)
     await health.sample_now()  # so the first answer never shows "not measured yet"
     reloader = Reloader(config_path, config, engine, health)
-    manager = ManagerInterface(bus, engine, args.mode, health, reloader.reload)
+    manager = ManagerInterface(bus, engine, args.mode, health, reloader.reload,
+                               shared_access(shared) if shared else None)
     manager.export()
     sampling = asyncio.ensure_future(health.run())
     if not args.replace:
@@ -237,6 +317,7 @@ async def serve(args: argparse.Namespace) -> int:
             calendar.close()
             usage.close()
             bus.disconnect()
+            await _close_shared(shared)
             raise
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
@@ -249,9 +330,25 @@ async def serve(args: argparse.Namespace) -> int:
     notify("READY=1", f"STATUS={status_line(engine)}")
     interval = watchdog_interval()
     watchdog = asyncio.ensure_future(run_watchdog(interval)) if interval else None
-    disconnected = asyncio.ensure_future(bus.wait_for_disconnect())
     stopping = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({disconnected, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    while True:
+        disconnected = asyncio.ensure_future(bus.wait_for_disconnect())
+        await asyncio.wait({disconnected, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if stopping.done() or shared is None:
+            break
+        with contextlib.suppress(Exception):
+            disconnected.exception()  # the bus died: it is started again below
+        new_bus = await restart_shared_bus(args, shared, stop)
+        if new_bus is None:
+            break
+        bus = new_bus
+        manager.move_to(bus)
+        try:
+            await take_name(bus, args.mode, replace=False)
+        except StartupError as exc:
+            log.error("%s", exc)
+            break
+    lost = not stop.is_set()  # the bus went away (and did not come back)
     notify("STOPPING=1")
     stopping.cancel()
     sampling.cancel()
@@ -262,15 +359,31 @@ async def serve(args: argparse.Namespace) -> int:
     store.close()
     calendar.close()
     usage.close()
-    if disconnected.done():
+    if lost:
         log.error("lost the connection to the %s bus", args.mode)
-        disconnected.exception()  # retrieved: the reason is the log line above
+        with contextlib.suppress(Exception):
+            disconnected.exception()  # retrieved: the reason is the log line above
+        await _close_shared(shared)
         return EXIT_FAILURE
     log.info("resourced stopping")
     bus.disconnect()
     with contextlib.suppress(EOFError, OSError):
         await disconnected
+    await _close_shared(shared)
     return EXIT_OK
+
+
+async def _close_shared(shared: SharedBus | None) -> None:
+    if shared:
+        await shared.stop()
+        shared.close()
+
+
+def shared_access(shared: SharedBus) -> SharedAccess:
+    """Who administers the shared bus (this account) and which group uses it."""
+    uid = os.getuid()
+    return SharedAccess(uid, pwd.getpwuid(uid).pw_name, shared.group,
+                        grp.getgrnam(shared.group).gr_gid)
 
 
 async def _name_owned(bus) -> bool:

@@ -206,6 +206,12 @@ class DaemonBus(MessageBus):
         for i in going:
             self._path_of.pop(i, None)
 
+    def unexport_all(self) -> None:
+        """Unexport every object, quietly: the bus is gone and its objects move to a new
+        connection (an interface exported on two buses would signal on both)."""
+        for interface, path in list(self._path_of.items()):
+            self.unexport(path, interface, announce=False)
+
     # -- the object manager ------------------------------------------------------------
     def interfaces_added(self, path: str, interfaces: dict[str, dict[str, Variant]],
                          new_object: bool = True) -> None:

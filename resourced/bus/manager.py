@@ -83,7 +83,7 @@ from .names import (
     user_path,
 )
 from .options import parse_options
-from .polkit import CLAIM, MANAGE, RELEASE_OTHER, RESERVE, Authority
+from .polkit import CLAIM, MANAGE, RELEASE_OTHER, RESERVE, Authority, GroupAuthority, SharedAccess
 from .pool import PoolInterface
 
 R = PropertyAccess.READ
@@ -137,17 +137,17 @@ class ManagerInterface(Interface):
         "Usage": ("json",),
     }
 
-    def __init__(self, bus, engine: Engine, mode: str, health: HealthMonitor, reload=None):
+    def __init__(self, bus, engine: Engine, mode: str, health: HealthMonitor, reload=None,
+                 shared: SharedAccess | None = None):
         super().__init__(MANAGER_IFACE)
-        self.bus = bus
         self.engine = engine
         self.mode = mode
         self.health = health
         self.reload = reload
         self._checks: dict[str, CheckInterface] = {}
         self._pools: dict[str, PoolInterface] = {}
-        self.authority = Authority(bus, enabled=mode == "system")
-        self.credentials = Credentials(bus)
+        self.shared = shared
+        self._bind(bus)
         self._gpus: dict[str, GpuInterface] = {}
         self._claims: dict[str, ClaimInterface] = {}  # the claim objects exported so far
         self._waiting: set[str] = set()  # queued claims (their objects are always exported)
@@ -155,8 +155,30 @@ class ManagerInterface(Interface):
         self._texts = BookingTexts()
         self.view = StateView(engine, mode, health)
 
+    def _bind(self, bus) -> None:
+        self.bus = bus
+        self.authority = (GroupAuthority(bus, *self.shared) if self.shared
+                          else Authority(bus, enabled=self.mode == "system"))
+        self.credentials = Credentials(bus)
+
     def export(self) -> None:
         """Export the manager and one object per GPU; follow the engine from now on."""
+        self._export_objects()
+        self.engine.subscribe(self._publish)
+        self.health.subscribe(self._publish_levels)
+        self.health.on_sample(self._publish_figures)
+
+    def move_to(self, bus) -> None:
+        """Serve on a new connection (the shared bus was restarted): the objects leave the
+        old one and are exported on the new one; claim objects again when asked for."""
+        self.bus.unexport_all()
+        self._bind(bus)
+        self._claims.clear()
+        self._users.clear()
+        self._waiting.clear()
+        self._export_objects()
+
+    def _export_objects(self) -> None:
         self.bus.export(MANAGER_PATH, self)
         gpus = list(self.engine.ledger.gpus.values())
         for gpu in gpus:
@@ -170,10 +192,7 @@ class ManagerInterface(Interface):
             self._waiting.add(claim.id)
             self._claim_object(claim.id)
         self.bus.add_message_handler(self._export_claims_for)
-        self.engine.subscribe(self._publish)
         self._export_checks()
-        self.health.subscribe(self._publish_levels)
-        self.health.on_sample(self._publish_figures)
 
     # -- methods -----------------------------------------------------------------------
     @dbus_method()

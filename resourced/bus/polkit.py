@@ -1,4 +1,5 @@
-"""Authorization through polkit, the way systemd's services do it.
+"""Authorization through polkit, the way systemd's services do it (and, on a shared bus
+with no polkit, from the caller's groups).
 
 Rules (after systemd's bus-polkit helper): the subject is the caller's unique bus name,
 never a pid; root is accepted without asking; interactivity comes only from the message's
@@ -11,6 +12,7 @@ Every method of our interfaces is in ``METHOD_ACTIONS``; a test fails if one is 
 """
 
 import logging
+from typing import NamedTuple
 
 from dbus_fast import Message, MessageFlag, MessageType, Variant
 
@@ -25,6 +27,11 @@ REQUEST_RECLAIM = "org.resourced.request-reclaim"
 RELEASE_OTHER = "org.resourced.release-other"
 MANAGE = "org.resourced.manage"
 ACTIONS = (CLAIM, RESERVE, REQUEST_RECLAIM, RELEASE_OTHER, MANAGE)
+GROUP_ACTIONS = frozenset({CLAIM, RESERVE, REQUEST_RECLAIM})
+"""The one authorization table: what members of the access group may do without a
+password. The rest is for administrators. On the system bus polkit decides, with
+polkit/50-resourced.rules (a test holds its action ids to this set); on a shared bus
+``GroupAuthority`` reads the set itself."""
 
 READ = None
 """Reading needs no authorization."""
@@ -108,3 +115,54 @@ class Authority:
         if challenge:
             raise InteractionRequired(f"{action} needs authentication")
         raise AccessDenied(f"uid {uid} is not authorized for {action}")
+
+
+class SharedAccess(NamedTuple):
+    """Who administers a shared bus (the host account) and whose members use it."""
+
+    host_uid: int
+    host: str
+    group: str
+    gid: int
+
+
+class GroupAuthority:
+    """Authorization on a shared bus, which has no polkit: root and the host account may do
+    everything, members of the group what ``GROUP_ACTIONS`` lists, anyone else nothing.
+    The groups are the ones the bus vouches for (GetConnectionCredentials), asked once per
+    connection."""
+
+    def __init__(self, bus, host_uid: int, host: str, group: str, gid: int):
+        self.bus = bus
+        self.host_uid = host_uid
+        self.host = host
+        self.group = group
+        self.gid = gid
+        self._groups: dict[str, frozenset[int]] = {}
+
+    async def check(self, msg: Message, uid: int, action: str, details: dict[str, str]) -> None:
+        """Return if allowed; raise AccessDenied if not."""
+        if uid in (0, self.host_uid):
+            return
+        if action not in GROUP_ACTIONS:
+            raise AccessDenied(f"{action} is for the host account ({self.host}) and root on "
+                               "this shared bus")
+        if self.gid not in await self._groups_of(msg.sender):
+            raise AccessDenied(f"uid {uid} is not in group {self.group}, whose members may "
+                               f"{action.rsplit('.', 1)[1]} on this shared bus")
+
+    async def _groups_of(self, sender: str) -> frozenset[int]:
+        groups = self._groups.get(sender)
+        if groups is None:
+            reply = await self.bus.call(Message(
+                destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
+                interface="org.freedesktop.DBus", member="GetConnectionCredentials",
+                signature="s", body=[sender]))
+            if reply.message_type is not MessageType.METHOD_RETURN:
+                raise AccessDenied(f"the bus gave no credentials for {sender}")
+            ids = reply.body[0].get("UnixGroupIDs")
+            groups = frozenset(ids.value) if ids is not None else frozenset()
+            if len(self._groups) >= 1024:
+                self._groups.pop(next(iter(self._groups)))
+            self._groups[sender] = groups
+        return groups
