@@ -5,8 +5,9 @@ import asyncio for blocking use, so scripts and ``gpuctl`` start fast.  ``_Base`
 the pure half (building messages, decoding replies, translating errors); the two classes
 differ only in how a message travels.
 
-Which bus: ``bus="session"`` or ``"system"``, else ``$RESOURCED_BUS``, else the session
-bus when ``org.resourced`` is owned there, else the system bus.
+Which bus: ``bus="session"``, ``"system"`` or ``"shared"``, else ``$RESOURCED_BUS``, else
+a shared bus set up for this account (``gpuctl connect DIR`` or ``$RESOURCED_BUS_ADDRESS``),
+else the session bus when ``org.resourced`` is owned there, else the system bus.
 
     >>> from resourced import Client
     >>> with Client() as client:
@@ -32,6 +33,7 @@ from jeepney import DBusAddress, MatchRule, MessageFlag, MessageType, new_method
 from jeepney.bus_messages import message_bus
 from jeepney.low_level import HeaderFields
 
+from . import shared_address
 from .bus.names import (
     BUS_NAME,
     CLAIM_IFACE,
@@ -51,10 +53,13 @@ from .errors import (
     QueueTimeout,
     error_from_bus,
 )
+from .shared_address import SharedTarget
 
 __all__ = ["AsyncClient", "AsyncLease", "Client", "Lease"]
 
 BUSES = ("session", "system")
+"""The buses tried, in order, when none is named (a shared bus set up for the account
+comes first: see ``_Base._shared_target``)."""
 DEFAULT_TIMEOUT = 25.0
 SHORT = (NotEnoughGPUs, NotEnoughCapacity, GPUsBusy)
 """What try_acquire answers with None."""
@@ -86,15 +91,23 @@ START_HINTS = {
                "or `resourced --session`",
     "system": "`sudo systemctl start resourced` (after `sudo gpuctl service enable --system`), "
               "or one of your own: `resourced --session`",
+    "shared": "ask its host to start `resourced --shared DIR` (or `systemctl --user start "
+              "resourced-shared`)",
 }
 """How to start the daemon on each bus, for the message that says it is not there."""
+
+
+def bus_address(bus: str) -> str:
+    """What jeepney opens for a bus by name: SESSION, SYSTEM, or the shared bus's address
+    (for connections that only listen; ``Client`` also checks who hosts a shared bus)."""
+    return shared_address.target().address if bus == "shared" else bus.upper()
 
 
 def requested_bus(bus: str | None) -> str | None:
     """The bus named by the caller or $RESOURCED_BUS; None means: find it."""
     bus = bus or os.environ.get("RESOURCED_BUS") or None
-    if bus is not None and bus not in BUSES:
-        raise InvalidRequest(f"bus must be 'session' or 'system', not {bus!r}")
+    if bus is not None and bus not in (*BUSES, "shared"):
+        raise InvalidRequest(f"bus must be 'session', 'system' or 'shared', not {bus!r}")
     return bus
 
 
@@ -241,6 +254,26 @@ class _Base:
     def _name_has_owner():
         return new_method_call(_DBUS, "NameHasOwner", "s", (BUS_NAME,))
 
+    @staticmethod
+    def _owner_uid():
+        return new_method_call(_DBUS, "GetConnectionUnixUser", "s", (BUS_NAME,))
+
+    def _shared_target(self) -> SharedTarget | None:
+        """The shared bus to use: named (``bus="shared"``), or set up for this account
+        (``gpuctl connect``, $RESOURCED_BUS_ADDRESS) when no bus is named; else None."""
+        if self._requested_bus == "shared" or (self._requested_bus is None
+                                               and shared_address.configured()):
+            return shared_address.target()
+        return None
+
+    def _trust(self, target: SharedTarget, reply) -> None:
+        """The host's check: the directory's owner must own org.resourced there."""
+        try:
+            owner = self._body(reply)[0]
+        except DaemonUnreachable:
+            raise self._not_running("shared") from None
+        shared_address.check_host(target, owner)
+
     # -- replies -----------------------------------------------------------------------
     @staticmethod
     def _body(reply) -> tuple:
@@ -310,7 +343,7 @@ class _Base:
                                  f"{self._tried(bus)}; start it: {START_HINTS[bus]}")
 
     def _tried(self, bus: str) -> str:
-        if self._requested_bus or bus == "session":
+        if self._requested_bus or bus != "system":
             return ""
         return ", and no daemon runs on the session bus"
 
@@ -334,6 +367,18 @@ class Client(_Base):
     def _open(self):
         from jeepney.io.blocking import open_dbus_connection
 
+        if target := self._shared_target():
+            try:
+                conn = open_dbus_connection(target.address)
+            except Exception as exc:  # jeepney's failures to connect or authenticate
+                raise shared_address.unreachable(target, exc) from exc
+            try:
+                self._trust(target, conn.send_and_get_reply(self._owner_uid(),
+                                                            timeout=self.timeout))
+            except BaseException:
+                conn.close()
+                raise
+            return conn, "shared"
         if self._requested_bus:
             return self._connect(open_dbus_connection, self._requested_bus), self._requested_bus
         try:
@@ -735,6 +780,19 @@ class AsyncClient(_Base):
     async def _open(self):
         from jeepney.io.asyncio import open_dbus_router
 
+        if target := self._shared_target():
+            cm = open_dbus_router(target.address)
+            try:
+                router = await cm.__aenter__()
+            except Exception as exc:  # jeepney's failures to connect or authenticate
+                raise shared_address.unreachable(target, exc) from exc
+            try:
+                self._trust(target, await router.send_and_get_reply(self._owner_uid()))
+            except BaseException:
+                await cm.__aexit__(None, None, None)
+                raise
+            self._router, self._router_cm, self.bus = router, cm, "shared"
+            return
         for bus in [self._requested_bus] if self._requested_bus else BUSES:
             cm = open_dbus_router(bus.upper())
             try:

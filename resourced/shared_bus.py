@@ -20,11 +20,11 @@ import grp
 import os
 import pwd
 import signal
-import stat
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
 
-SOCKET = "bus"
+from .shared_address import address_of
+
 LOCK = "lock"
 CONFIG = "bus.conf"
 DIR_MODE = 0o750
@@ -77,11 +77,6 @@ BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Config
 
 class SharedBusError(Exception):
     """The shared bus cannot be hosted; the message says why."""
-
-
-def address_of(directory: str | Path) -> str:
-    """The D-Bus address of the shared bus in ``directory``."""
-    return f"unix:path={Path(directory) / SOCKET}"
 
 
 def bus_config(directory: Path, host: str, group: str) -> str:
@@ -211,13 +206,3 @@ class SharedBus:
             os.close(self._lock_fd)
             self._lock_fd = -1
 
-
-def owner_of(directory: str | Path) -> int:
-    """The uid a client expects to own ``org.resourced`` on the bus in ``directory``."""
-    return os.stat(directory).st_uid
-
-
-def is_socket(path: Path) -> bool:
-    with contextlib.suppress(OSError):
-        return stat.S_ISSOCK(path.stat().st_mode)
-    return False

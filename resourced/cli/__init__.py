@@ -39,6 +39,7 @@ COMMANDS = {
     "init": ("init", "init", "Write a config file listing this machine's GPUs."),
     "demo": ("demo", "demo", "Show resourced at work on simulated GPUs (a private bus)."),
     "service": ("service", "service", "Install, enable or remove the systemd service."),
+    "connect": ("connect", "connect", "Use a shared bus hosted by an ordinary account."),
     "config": ("config", "config", "Check a configuration file without starting anything."),
     "resources": ("resources", "resources", "Show RAM and disk health: limits and live figures."),
     "notify": ("notify", "notify", "Show desktop notifications when RAM or disk health changes."),

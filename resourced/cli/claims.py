@@ -211,9 +211,10 @@ def _forward_reclaim_requests(bus: str, ref: str, pid: int, signum: int) -> None
     from jeepney.low_level import HeaderFields
 
     from ..bus.names import BUS_NAME, CLAIM_IFACE, claim_path
+    from ..client import bus_address
 
     fields = dict(type="signal", interface=CLAIM_IFACE, path=claim_path(ref))
-    conn = open_dbus_connection(bus.upper())
+    conn = open_dbus_connection(bus_address(bus))
     for member in ("ReclaimRequested", "StopRequested"):
         conn.send_and_get_reply(message_bus.AddMatch(MatchRule(sender=BUS_NAME, member=member,
                                                                **fields)))

@@ -760,9 +760,10 @@ async def _owned_on(bus: str) -> bool | None:
     from jeepney.io.asyncio import open_dbus_router
 
     from ..bus.names import BUS_NAME
+    from ..client import bus_address
 
     try:
-        async with open_dbus_router(bus.upper()) as router:
+        async with open_dbus_router(bus_address(bus)) as router:
             reply = await asyncio.wait_for(
                 router.send_and_get_reply(message_bus.NameHasOwner(BUS_NAME)), CALL_TIMEOUT)
     except (OSError, KeyError, ValueError, EOFError, TimeoutError):
@@ -793,7 +794,9 @@ async def _router(bus: str):
     from jeepney.io.asyncio import open_dbus_router
     from jeepney.io.common import RouterClosed
 
-    opener = open_dbus_router(bus.upper())
+    from ..client import bus_address
+
+    opener = open_dbus_router(bus_address(bus))
     try:
         router = await opener.__aenter__()
     except KeyError as exc:  # jeepney: the address variable is not set

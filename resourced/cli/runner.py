@@ -462,9 +462,10 @@ class Runner:
         from jeepney.io.blocking import open_dbus_connection
 
         from ..bus.names import BUS_NAME, USER_IFACE, user_path
+        from ..client import bus_address
 
         try:
-            conn = open_dbus_connection(self.bus.upper())
+            conn = open_dbus_connection(bus_address(self.bus))
         except (OSError, KeyError, ValueError, TimeoutError) as exc:
             raise GpuctlError(f"cannot reach the {self.bus} bus: {exc}", EXIT_UNREACHABLE) \
                 from None
@@ -493,11 +494,14 @@ def choose_bus(requested: str | None) -> str:
     """--bus, else $RESOURCED_BUS, else the bus where resourced runs (the session bus
     first), else the session bus if there is one (the daemon's default), else the system
     bus."""
+    from .. import shared_address
     from ..client import requested_bus
 
     bus = requested_bus(requested)
     if bus:
         return bus
+    if shared_address.configured():
+        return "shared"
     reachable = []
     for candidate in ("session", "system"):
         owned = _owned_on(candidate)
@@ -514,9 +518,10 @@ def _owned_on(bus: str) -> bool | None:
     from jeepney.io.blocking import open_dbus_connection
 
     from ..bus.names import BUS_NAME
+    from ..client import bus_address
 
     try:
-        with open_dbus_connection(bus.upper()) as conn:
+        with open_dbus_connection(bus_address(bus)) as conn:
             reply = conn.send_and_get_reply(message_bus.NameHasOwner(BUS_NAME), timeout=5)
     except (OSError, KeyError, ValueError, TimeoutError, EOFError):
         return None

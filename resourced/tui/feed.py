@@ -79,7 +79,9 @@ class Feed(threading.Thread):
         from jeepney.bus_messages import message_bus
         from jeepney.io.blocking import open_dbus_connection
 
-        conn = open_dbus_connection(self.bus.upper())
+        from ..client import bus_address
+
+        conn = open_dbus_connection(bus_address(self.bus))
         try:
             for rule in match_rules():
                 conn.send_and_get_reply(message_bus.AddMatch(rule), timeout=self.timeout)

@@ -829,14 +829,17 @@ class Rig:
         return {"PATH": f"{self.venv}/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
                 "HOME": str(self.dir), "DBUS_SYSTEM_BUS_ADDRESS": self.address}
 
-    def run_as(self, key: str | None, argv: list[str], timeout: float = 60):
-        """Run ``argv`` as test user ``key`` (None or "root": as root); stdin is not a TTY."""
-        return subprocess.run([*self._as_user(key), *argv], env=self.user_env(), cwd=self.dir,
-                              capture_output=True, text=True, timeout=timeout,
+    def run_as(self, key: str | None, argv: list[str], timeout: float = 60,
+               env: dict[str, str] | None = None):
+        """Run ``argv`` as test user ``key`` (None or "root": as root), with ``env`` added
+        to the users' environment; stdin is not a TTY."""
+        return subprocess.run([*self._as_user(key), *argv], env={**self.user_env(), **(env or {})},
+                              cwd=self.dir, capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
 
-    def gpuctl(self, key: str | None, *args: str, timeout: float = 60):
-        return self.run_as(key, [str(self.venv / "bin/gpuctl"), *map(str, args)], timeout)
+    def gpuctl(self, key: str | None, *args: str, timeout: float = 60,
+               env: dict[str, str] | None = None):
+        return self.run_as(key, [str(self.venv / "bin/gpuctl"), *map(str, args)], timeout, env)
 
     def call(self, key: str | None, member: str, signature: str = "", body: tuple = (), *,
              dest: str = BUS_NAME, path: str = MANAGER_PATH, iface: str = MANAGER_IFACE) -> dict:
