@@ -20,12 +20,14 @@ from pathlib import Path
 
 USER = "user"
 SYSTEM = "system"
-MODES = (USER, SYSTEM)
+SHARED = "shared"  # a user service hosting a bus of its own for a group (--user --shared)
+MODES = (USER, SYSTEM, SHARED)
 
 SYSTEM_UNIT = "resourced.service"
 USER_UNIT = "resourced-user.service"
 NOTIFY_UNIT = "resourced-notify.service"  # written, never enabled: each user's own choice
 RUNNER_UNIT = "resourced-runner.service"  # started with the user service (system: each user's choice)
+SHARED_UNIT = "resourced-shared.service"
 DEFAULT_SYSTEM_CONFIG = "/etc/resourced/config.toml"
 ACCOUNT = "resourced"
 SYSUSERS_CONF = "/etc/sysusers.d/resourced.conf"
@@ -72,6 +74,9 @@ USER_FILES = (
              "$DATA/dbus-1/services/org.resourced.service", DBUS),
     Template(f"systemd/{NOTIFY_UNIT}", f"$CONFIG/systemd/user/{NOTIFY_UNIT}", UNIT),
     Template(f"systemd/{RUNNER_UNIT}", f"$CONFIG/systemd/user/{RUNNER_UNIT}", UNIT),
+)
+SHARED_FILES = (
+    Template(f"systemd/{SHARED_UNIT}", f"$CONFIG/systemd/user/{SHARED_UNIT}", UNIT),
 )
 
 # Where enable may have to make the directory (Debian 12 has no /etc/sysusers.d; a new
@@ -136,6 +141,7 @@ def plan_enable(
     sources: Path | None = None,
     sysusers: bool = True,
     group: str = ACCOUNT,
+    shared_dir: str | None = None,
 ) -> Plan:
     """The files and commands that install, enable and start the service.
 
@@ -143,10 +149,12 @@ def plan_enable(
     the environment resourced is installed in). ``config`` defaults to
     /etc/resourced/config.toml for the system service and to none (the daemon's default)
     for the user service. ``sysusers=False`` creates the account with useradd instead.
-    ``group`` is the access group the polkit rule grants the everyday actions to.
+    ``group`` is the access group the polkit rule grants the everyday actions to (for
+    SHARED: the group of the bus, ``""`` for the daemon's own ``access_group``), and
+    ``shared_dir`` the directory of a SHARED bus.
     """
     _check_mode(mode)
-    if not GROUP_NAME.match(group):
+    if not GROUP_NAME.match(group) and not (mode == SHARED and group == ""):
         raise InstallError(f"{group!r} is not a valid group name")
     python = _absolute("interpreter", python)
     if mode == SYSTEM:
@@ -155,6 +163,9 @@ def plan_enable(
     else:
         config = _absolute("config file", config) if config else None
         values = {"PYTHON": [python], "CONFIG_OPTION": ["--config", config] if config else []}
+    if mode == SHARED:
+        values["DIR"] = [_absolute("shared bus directory", shared_dir or "")]
+        values["GROUP_OPTION"] = ["--group", group] if group else []
     sources = sources or source_dir()
     files = tuple(
         FileToWrite(_under(root, target), render(_read(sources, t.source), values, t.syntax))
@@ -164,6 +175,9 @@ def plan_enable(
         account = ("systemd-sysusers", SYSUSERS_CONF) if sysusers else ("sh", "-c", _USERADD)
         commands = (account, _RELOAD_BUS_POLICY, ("systemctl", "daemon-reload"),
                     ("systemctl", "enable", "--now", SYSTEM_UNIT))
+    elif mode == SHARED:
+        commands = (("systemctl", "--user", "daemon-reload"),
+                    ("systemctl", "--user", "enable", "--now", SHARED_UNIT))
     else:
         commands = (("systemctl", "--user", "daemon-reload"),
                     ("systemctl", "--user", "enable", "--now", USER_UNIT, RUNNER_UNIT))
@@ -187,6 +201,9 @@ def plan_disable(
     if mode == SYSTEM:
         stop = (("systemctl", "disable", "--now", SYSTEM_UNIT),)
         commands = (("systemctl", "daemon-reload"), _RELOAD_BUS_POLICY)
+    elif mode == SHARED:
+        stop = (("systemctl", "--user", "disable", "--now", SHARED_UNIT),)
+        commands = (("systemctl", "--user", "daemon-reload"),)
     else:
         stop = (("systemctl", "--user", "disable", "--now", USER_UNIT, RUNNER_UNIT,
                  NOTIFY_UNIT),)
@@ -242,7 +259,7 @@ def _targets(mode: str, env: Mapping[str, str] | None) -> list[tuple[Template, s
     if mode == SYSTEM:
         return [(t, _target(t)) for t in (*SYSTEM_FILES, *POLKIT_FILES)]
     dirs = user_dirs(env)
-    return [(t, _target(t, dirs)) for t in USER_FILES]
+    return [(t, _target(t, dirs)) for t in (SHARED_FILES if mode == SHARED else USER_FILES)]
 
 
 def _target(template: Template, dirs: Mapping[str, str] | None = None) -> str:
@@ -264,7 +281,7 @@ def _read(sources: Path, name: str) -> str:
 
 
 def _unit(mode: str) -> str:
-    return SYSTEM_UNIT if mode == SYSTEM else USER_UNIT
+    return {SYSTEM: SYSTEM_UNIT, USER: USER_UNIT, SHARED: SHARED_UNIT}[mode]
 
 
 def _check_mode(mode: str) -> None:
@@ -274,7 +291,7 @@ def _check_mode(mode: str) -> None:
 
 def _absolute(what: str, path: str) -> str:
     path = os.fspath(path)
-    if not os.path.isabs(path):
+    if not os.path.isabs(path):  # (an empty one too)
         raise InstallError(f"the {what} path must be absolute: {path}")
     if any(ord(c) < 32 or ord(c) == 127 for c in path):
         raise InstallError(f"the {what} path holds a control character: {path!r}")

@@ -40,10 +40,12 @@ def _mode_options(fn):
                         hidden=True)(fn)
 
 
-def _mode(user: bool, system: bool) -> str:
+def _mode(user: bool, system: bool, shared: bool = False) -> str:
     if user == system:
         raise click.UsageError("choose one of --user or --system")
-    return install.USER if user else install.SYSTEM
+    if shared and not user:
+        raise click.UsageError("--shared goes with --user: an ordinary account hosts it")
+    return install.SHARED if shared else install.USER if user else install.SYSTEM
 
 
 @click.group()
@@ -51,7 +53,9 @@ def service():
     """Install, enable or remove the systemd service.
 
     --user installs resourced-user.service for you alone (one person per machine);
-    --system installs resourced.service, run by the 'resourced' account, for everyone.
+    --system installs resourced.service, run by the 'resourced' account, for everyone;
+    --user --shared DIR installs resourced-shared.service: you host a bus of its own in
+    DIR for a group, without root (its members run `gpuctl connect DIR`).
     Exit 10 means systemd is not running: the files were written or removed, but the
     service was not started or stopped; the message says what to run later.
 
@@ -64,7 +68,13 @@ def service():
 @click.option("--config", type=click.Path(dir_okay=False), default=None,
               help="The daemon's config file (default: the daemon's own for --user, "
               f"{install.DEFAULT_SYSTEM_CONFIG} for --system).")
-def enable(user, system, dry_run, root, config):
+@click.option("--shared", "shared_dir", metavar="DIR", default=None,
+              type=click.Path(file_okay=False),
+              help="With --user: host a bus of its own in DIR for a group (no root).")
+@click.option("--group", default=None,
+              help="With --shared: the group that may use it (default: the config's "
+              "access_group).")
+def enable(user, system, dry_run, root, config, shared_dir, group):
     """Install the unit and bus files for this Python, then enable and start the service.
 
     The unit runs the interpreter that runs this command, so run it from the environment
@@ -72,25 +82,34 @@ def enable(user, system, dry_run, root, config):
     as a virtualenv under /opt). Exit 10: systemd is not running, the files are written.
 
     Example: sudo /opt/resourced/bin/gpuctl service enable --system
+    Example: gpuctl service enable --user --shared /srv/gpu-lab/resourced --group gpu-lab
     """
-    mode = _mode(user, system)
+    mode = _mode(user, system, shared_dir is not None)
+    if group is not None and mode != install.SHARED:
+        raise click.UsageError("--group goes with --shared (the system service's group is "
+                               "access_group in its config)")
     # Staged files are for another system: assume it has systemd-sysusers, as systemd does.
     sysusers = root is not None or shutil.which("systemd-sysusers") is not None
     config = os.path.abspath(config) if config else None
     if root is None:
         _check_config(config or (install.DEFAULT_SYSTEM_CONFIG if mode == install.SYSTEM
                                  else None), mode, dry_run)
+    if mode == install.SHARED:
+        group = group or ""  # the daemon's own access_group
+    else:
+        group = _access_group(config or install.DEFAULT_SYSTEM_CONFIG)
     plan = _plan(lambda: install.plan_enable(
-        mode, sys.executable, config, root or "/", sysusers=sysusers,
-        group=_access_group(config or install.DEFAULT_SYSTEM_CONFIG)))
+        mode, sys.executable, config, root or "/", sysusers=sysusers, group=group,
+        shared_dir=shared_dir and os.path.abspath(shared_dir)))
     _carry_out(plan, dry_run=dry_run, staged=root is not None)
-    if mode == install.USER and not dry_run and root is None:
-        _note_lingering()
+    if mode != install.SYSTEM and not dry_run and root is None:
+        _note_lingering(mode == install.SHARED)
 
 
 @service.command()
 @_mode_options
-def disable(user, system, dry_run, root):
+@click.option("--shared", is_flag=True, help="With --user: the shared bus's service.")
+def disable(user, system, dry_run, root, shared):
     """Stop and disable the service, then remove the files that enable wrote.
 
     The 'resourced' account and /var/lib/resourced stay. Exit 10: systemd is not running,
@@ -98,7 +117,7 @@ def disable(user, system, dry_run, root):
 
     Example: gpuctl service disable --user
     """
-    mode = _mode(user, system)
+    mode = _mode(user, system, shared)
     _carry_out(_plan(lambda: install.plan_disable(mode, root or "/")),
                dry_run=dry_run, staged=root is not None)
 
@@ -239,9 +258,15 @@ def _run(cmd: install.Command) -> None:
         raise GpuctlError(f"{shlex.join(cmd)} failed (exit {done.returncode}){why}", EXIT_FAILURE)
 
 
-def _note_lingering() -> None:
+def _note_lingering(shared: bool) -> None:
     """A user service stops at logout unless lingering is on for the user."""
     name = pwd.getpwuid(os.getuid()).pw_name
-    if SYSTEMD_RUNTIME.is_dir() and not (LINGER_DIR / name).exists():
+    if not SYSTEMD_RUNTIME.is_dir() or (LINGER_DIR / name).exists():
+        return
+    if shared:  # the host has no sudo, often; logind lets an active session linger itself
+        click.echo(f"note: lingering is off, so the shared service stops when you log out; "
+                   f"keep it running for the group with: loginctl enable-linger {name} (from "
+                   "your own login session; if it is refused, ask an administrator)", err=True)
+    else:
         click.echo(f"note: lingering is off, so the service stops when you log out; keep it "
                    f"running with: sudo loginctl enable-linger {name}", err=True)

@@ -222,3 +222,49 @@ def test_disable_drops_only_the_directories_enable_may_have_made(tmp_path):
     user = install.plan_disable("user", tmp_path, env=HOME_ENV)
     assert set(user.prune) == {tmp_path / "home/alice/.config/systemd/user",
                                tmp_path / "home/alice/.local/share/dbus-1/services"}
+
+
+def _shared_plan(tmp_path, group="gpu-lab", config=None):
+    return install.plan_enable("shared", sys.executable, config, tmp_path, env=HOME_ENV,
+                               group=group, shared_dir="/srv/gpu lab/resourced")
+
+
+def test_the_shared_plan_writes_one_user_unit_that_hosts_the_bus(tmp_path):
+    plan = _shared_plan(tmp_path, config="/home/alice/gpus.toml")
+    unit_path = tmp_path / "home/alice/.config/systemd/user/resourced-shared.service"
+    assert [f.path for f in plan.write] == [unit_path] and plan.unit_path == unit_path
+    assert (f"\nExecStart={sys.executable} -m resourced.daemon --shared \"/srv/gpu lab/resourced\""
+            " --group gpu-lab --config /home/alice/gpus.toml\n") in plan.write[0].content
+    assert plan.commands == (("systemctl", "--user", "daemon-reload"),
+                             ("systemctl", "--user", "enable", "--now", "resourced-shared.service"))
+    disable = install.plan_disable("shared", tmp_path, env=HOME_ENV)
+    assert disable.remove == (unit_path,)
+    assert disable.stop == (("systemctl", "--user", "disable", "--now", "resourced-shared.service"),)
+
+
+def test_the_shared_plan_leaves_the_group_to_the_config_unless_named(tmp_path):
+    content = _shared_plan(tmp_path, group="").write[0].content
+    (exec_start,) = [line for line in content.splitlines() if line.startswith("ExecStart=")]
+    assert exec_start.endswith('--shared "/srv/gpu lab/resourced"') and "--group" not in exec_start
+    assert not install.PLACEHOLDER.search(content)
+
+
+@pytest.mark.parametrize("shared_dir", [None, "", "relative/dir"])
+def test_the_shared_plan_needs_an_absolute_directory(tmp_path, shared_dir):
+    with pytest.raises(install.InstallError, match="shared bus directory"):
+        install.plan_enable("shared", sys.executable, root=tmp_path, env=HOME_ENV,
+                            group="", shared_dir=shared_dir)
+
+
+def test_systemd_accepts_the_shared_unit(tmp_path):
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    unit = tmp_path / "resourced-shared.service"
+    unit.write_text(_shared_plan(tmp_path).write[0].content)
+    runtime = tmp_path / "xdg-runtime"
+    runtime.mkdir(mode=0o700)
+    done = subprocess.run(["systemd-analyze", "--user", "verify", str(unit)],
+                          env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
+                          capture_output=True, text=True, timeout=60, check=False)
+    about_us = [line for line in (done.stdout + done.stderr).splitlines() if unit.name in line]
+    assert done.returncode == 0 and about_us == [], done.stdout + done.stderr
