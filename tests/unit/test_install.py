@@ -200,13 +200,12 @@ def test_the_runner_unit_starts_with_the_user_service_and_is_offered_to_every_us
                for f in system.write)  # each user enables theirs
 
 
-def test_systemd_accepts_the_runner_unit(tmp_path):
+def _assert_systemd_accepts(tmp_path, name: str, content: str) -> None:
+    """`systemd-analyze --user verify` passes the user unit, with nothing to say about it."""
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed")
-    plan = install.plan_enable("user", sys.executable, root=tmp_path, env=HOME_ENV)
-    unit = tmp_path / "resourced-runner.service"
-    unit.write_text(_contents(plan)[
-        tmp_path / "home/alice/.config/systemd/user/resourced-runner.service"])
+    unit = tmp_path / name
+    unit.write_text(content)
     runtime = tmp_path / "xdg-runtime"
     runtime.mkdir(mode=0o700)
     done = subprocess.run(["systemd-analyze", "--user", "verify", str(unit)],
@@ -214,6 +213,12 @@ def test_systemd_accepts_the_runner_unit(tmp_path):
                           capture_output=True, text=True, timeout=60, check=False)
     about_us = [line for line in (done.stdout + done.stderr).splitlines() if unit.name in line]
     assert done.returncode == 0 and about_us == [], done.stdout + done.stderr
+
+
+def test_systemd_accepts_the_runner_unit(tmp_path):
+    plan = install.plan_enable("user", sys.executable, root=tmp_path, env=HOME_ENV)
+    _assert_systemd_accepts(tmp_path, "resourced-runner.service", _contents(plan)[
+        tmp_path / "home/alice/.config/systemd/user/resourced-runner.service"])
 
 
 def test_disable_drops_only_the_directories_enable_may_have_made(tmp_path):
@@ -257,14 +262,5 @@ def test_the_shared_plan_needs_an_absolute_directory(tmp_path, shared_dir):
 
 
 def test_systemd_accepts_the_shared_unit(tmp_path):
-    if shutil.which("systemd-analyze") is None:
-        pytest.skip("systemd-analyze is not installed")
-    unit = tmp_path / "resourced-shared.service"
-    unit.write_text(_shared_plan(tmp_path).write[0].content)
-    runtime = tmp_path / "xdg-runtime"
-    runtime.mkdir(mode=0o700)
-    done = subprocess.run(["systemd-analyze", "--user", "verify", str(unit)],
-                          env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
-                          capture_output=True, text=True, timeout=60, check=False)
-    about_us = [line for line in (done.stdout + done.stderr).splitlines() if unit.name in line]
-    assert done.returncode == 0 and about_us == [], done.stdout + done.stderr
+    _assert_systemd_accepts(tmp_path, "resourced-shared.service",
+                            _shared_plan(tmp_path).write[0].content)
