@@ -239,6 +239,13 @@ class _Base:
             options["DryRun"] = ("b", True)
         return self._call("Stop", "a{sv}", (options,))
 
+    def _claim_job_message(self, job: str, gpus: list[str], uid: int | None, name: str):
+        options = {} if uid is None else {"UID": ("u", _whole("uid", uid, 0, UINT32_MAX))}
+        if name:
+            options["Name"] = ("s", _text("job name", name))
+        return self._call("ClaimJob", "sasa{sv}", (_text("job id", job),
+                                                   [_text("GPU", g) for g in gpus], options))
+
     def _grant_message(self, ref: str):
         return self._call("GetGrant", "s", (_text("reference", ref),))
 
@@ -513,6 +520,17 @@ class Client(_Base):
         get the reclaim signal first.  ``{"claims": [...], "bookings": [...]}`` stopped."""
         claims, bookings = self._send(self._stop_message(session, uid, reason, dry_run))
         return {"claims": list(claims), "bookings": list(bookings)}
+
+    def claim_job(self, job: str, gpus: list[str], uid: int | None = None, name: str = "") -> str:
+        """Make Slurm job ``job``'s GPUs here (indices, UUIDs or aliases) its claim, for
+        user ``uid`` (root, or with manage; default: me); returns the claim's reference
+        (the job's claim if it had one).  ``gpuctl slurm prolog`` calls this."""
+        return self._send(self._claim_job_message(job, gpus, uid, name))[0]
+
+    def release_job(self, job: str) -> list[str]:
+        """End Slurm job ``job``'s claim; returns the references ended (none if it had
+        none).  ``gpuctl slurm epilog`` calls this."""
+        return list(self._send(self._call("ReleaseJob", "s", (_text("job id", job),)))[0])
 
     def release_gpu(self, gpu: str, reason: str) -> str:
         """Force-release whatever claim holds ``gpu`` (alias, index or UUID); returns its ref."""

@@ -44,6 +44,7 @@ __all__ = [
     "DaemonConfig",
     "GpuEntry",
     "PoolEntry",
+    "SlurmConfig",
     "find_config",
     "load_config",
     "parse_config",
@@ -124,6 +125,15 @@ class PoolEntry:
 
 
 @dataclass(frozen=True)
+class SlurmConfig:
+    """``[slurm]``: the GPUs Slurm schedules here, ``"all"`` or names (UUID, alias,
+    ``gpuN`` or index).  resourced never grants them to its own claims or bookings; a
+    job's prolog makes them its claim (``gpuctl slurm prolog``)."""
+
+    gpus: str | tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Config:
     """A whole configuration; ``source`` is the file it came from, "" for the defaults."""
 
@@ -131,6 +141,7 @@ class Config:
     gpus: tuple[GpuEntry, ...] = ()
     checks: tuple[CheckEntry, ...] = ()
     pools: tuple[PoolEntry, ...] = ()
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
     source: str = ""
 
     def as_dict(self) -> dict:
@@ -345,6 +356,16 @@ def _capacity(value):
     raise _Bad(f'must be a positive whole number or an amount like "64G", not {_show(value)}')
 
 
+def _slurm_gpus(value):
+    if value == "all":
+        return value
+    names = value if isinstance(value, list) else None
+    if names is None or not all(isinstance(n, str) and n.strip() or _is_number(n) and
+                                isinstance(n, int) and n >= 0 for n in names):
+        raise _Bad(f'must be "all" or a list of GPUs (UUID, alias or index), not {_show(value)}')
+    return tuple(str(n) for n in names)
+
+
 def _unit_of(written, name: str) -> str:
     """The default unit: bytes when the capacity was written with a unit ("64G"), or for
     the ram pool; else a count."""
@@ -412,6 +433,7 @@ _POOL = {
     "capacity": (_capacity, True),
     "unit": (_string("bytes|count", '"bytes" or "count"'), False),
 }
+_SLURM = {"gpus": (_slurm_gpus, False)}
 _ARRAYS = {"gpu": _GPU, "check": _CHECK, "pool": _POOL}
 
 CHECK_TYPES = ("ram", "disk")
@@ -427,19 +449,23 @@ class _Checker:
         raise ConfigError(self.source, key, problem)
 
     def config(self, doc: dict) -> Config:
-        known = ["daemon", *_ARRAYS]
+        known = ["daemon", "slurm", *_ARRAYS]
         for name, value in doc.items():
             if name not in known:
                 self.unknown(name, value, known)
         daemon = doc.get("daemon", {})
         if not isinstance(daemon, dict):
             self.fail("daemon", f"must be a table ([daemon]), not {_show(daemon)}")
+        slurm = doc.get("slurm", {})
+        if not isinstance(slurm, dict):
+            self.fail("slurm", f"must be a table ([slurm]), not {_show(slurm)}")
         entries = {name: self.array(name, doc.get(name, [])) for name in _ARRAYS}
         return Config(
             daemon=DaemonConfig(**self.table(daemon, "daemon", _DAEMON)),
             gpus=self.gpus(entries["gpu"]),
             checks=self.checks(entries["check"]),
             pools=self.pools(entries["pool"]),
+            slurm=SlurmConfig(**self.table(slurm, "slurm", _SLURM)),
             source=self.source,
         )
 
@@ -447,7 +473,7 @@ class _Checker:
         name = key.rsplit(".", 1)[-1]
         guess = difflib.get_close_matches(name, [k.rsplit(".", 1)[-1] for k in known], n=1)
         if guess and "." not in key:  # a section: spell it as it is written
-            guess = [f"[{guess[0]}]" if guess[0] == "daemon" else f"[[{guess[0]}]]"]
+            guess = [f"[{guess[0]}]" if guess[0] in ("daemon", "slurm") else f"[[{guess[0]}]]"]
         hint = f" (did you mean {guess[0]}?)" if guess else ""
         if "." not in key and isinstance(value, dict):
             self.fail(None, f"unknown section [{key}]{hint}")
@@ -551,21 +577,22 @@ class _Checker:
 # --- reloading ---------------------------------------------------------------------------
 
 _RESTART = frozenset({"daemon.runtime_dir", "daemon.state_dir", "daemon.shared_dir",
-                      "daemon.persist", "gpu", "pool"})
+                      "daemon.persist", "gpu", "pool", "slurm"})
 
 
 def reload_changes(old: Config, new: Config) -> tuple[list[str], list[str]]:
     """What differs from ``old`` to ``new``: (keys applied live, keys that need a restart).
 
-    Keys are ``daemon.<name>`` for ``[daemon]`` and ``gpu``, ``check``, ``pool`` for the
-    arrays, in that order.  The runtime directory, persistence and the set of GPUs are
-    fixed for the life of a daemon; everything else it can take on the fly.
+    Keys are ``daemon.<name>`` for ``[daemon]``, ``gpu``, ``check``, ``pool`` for the
+    arrays and ``slurm``, in that order.  The runtime directory, persistence, the set of
+    GPUs and Slurm's share of them are fixed for the life of a daemon; everything else it
+    can take on the fly.
     """
     changed = [
         f"daemon.{f.name}" for f in dataclasses.fields(DaemonConfig)
         if getattr(old.daemon, f.name) != getattr(new.daemon, f.name)
     ]
-    for key, attr in (("gpu", "gpus"), ("check", "checks"), ("pool", "pools")):
+    for key, attr in (("gpu", "gpus"), ("check", "checks"), ("pool", "pools"), ("slurm", "slurm")):
         if getattr(old, attr) != getattr(new, attr):
             changed.append(key)
     live = [k for k in changed if k not in _RESTART]

@@ -290,7 +290,8 @@ async def serve(args: argparse.Namespace) -> int:
         raise
     engine = Engine(select_backend(), store if config.daemon.persist else None,
                     config.daemon, config.gpus, host_pools(config.pools), clock=clock,
-                    calendar_store=calendar, poll_clock=simulated, usage_store=usage)
+                    calendar_store=calendar, poll_clock=simulated, usage_store=usage,
+                    slurm=config.slurm)
     try:
         await engine.start(restored)
     except (StoreError, OSError, ValueError) as exc:

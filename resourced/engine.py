@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .backends import Backend, NoGpus
-from .config import DaemonConfig, GpuEntry
+from .config import DaemonConfig, GpuEntry, SlurmConfig
 from .core.attribution import attribute, children_of, claim_processes, descendants
 from .core.calendar import (
     ACTIVE,
@@ -40,11 +40,13 @@ from .core.claims import (
     GRANTED,
     MODES,
     QUEUED,
+    SLURM,
     Claim,
     ClaimRequest,
     Demand,
     ProcessRef,
     check_session,
+    check_text,
     default_session,
 )
 from .core.clock import Clock, Deadlines, utc_text, wall_clock
@@ -83,6 +85,7 @@ from .evidence.liveness import ExitWatcher
 from .evidence.processes import pid_max, pin_process, process_session, process_uid
 from .evidence.proctable import ancestry, command_line, read_table, user_name
 from .sd import audit
+from .slurm_jobs import job_label, job_steps, slurm_gpus
 from .threads import off_loop
 from .usage_store import retention as usage_retention
 
@@ -97,6 +100,9 @@ MAX_DURATION = 10 * 365 * 86400
 """The longest a claim may ask to last (seconds)."""
 PRUNE_INTERVAL = 3600 * 1_000_000
 """Microseconds between forgetting ended bookings past their retention."""
+JOB_START_GRACE = 60 * 1_000_000
+"""Microseconds a Slurm job's claim waits for the job's first process (its prolog runs
+before any); one that never came ends then (the epilog may have been missed)."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +135,7 @@ class Engine(CalendarOperations):
     def __init__(self, backend: Backend, store=None, settings: DaemonConfig = DaemonConfig(),
                  configured: tuple[GpuEntry, ...] = (), pools: tuple[Pool, ...] = (),
                  clock: Clock = wall_clock, calendar_store=None, poll_clock: bool = False,
-                 usage_store=None):
+                 usage_store=None, slurm: SlurmConfig = SlurmConfig()):
         self.backend = backend
         self.store = store  # a ClaimStore, or None to keep claims in memory only
         self.calendar_store = calendar_store  # a CalendarStore, or None: bookings in memory
@@ -138,6 +144,7 @@ class Engine(CalendarOperations):
         self.settings = settings
         self.configured = configured
         self.pools = pools
+        self.slurm = slurm
         self.clock = clock
         self._serving: asyncio.Task | None = None  # a queue walk waiting for fresh evidence
         self._busy_free: set[str] = set()  # free GPUs last found running strangers' processes
@@ -181,7 +188,10 @@ class Engine(CalendarOperations):
             self.backend = NoGpus(failure)
             self.probe = GpuProbe(self.backend, self.settings.probe_timeout)
         gpus, self.missing = managed_gpus(self.present, self.configured)
-        self.ledger = Ledger(gpus, self.pools)
+        for_slurm, unknown = slurm_gpus(self.slurm.gpus, gpus)
+        for name in unknown:
+            log.warning("[slurm] gpus names %s, which is no GPU managed here", name)
+        self.ledger = Ledger(gpus, self.pools, for_slurm)
         self.calendar = Calendar(self.ledger.timeline, booking_limits(self.settings),
                                  {g.uuid: g.label for g in gpus})
         if not gpus:
@@ -381,6 +391,70 @@ class Engine(CalendarOperations):
             self._end(claim_id, how, caller, reason)
         return warnings
 
+    # -- Slurm jobs --------------------------------------------------------------------
+    async def claim_job(self, caller: Caller, job: str, gpu_names: list[str], uid: int,
+                        name: str = "") -> Claim:
+        """Slurm job ``job``'s GPUs here (names: index, UUID or alias) become its claim,
+        in mode ``slurm``, for user ``uid``, labelled "slurm <job> <user> <name>"; its
+        prolog asks, as root.  The claim is bound to the job's processes (its slurmstepd
+        daemons and their descendants, adopted by the tracking sweep) and ends with them,
+        at ``release_job`` (the epilog), or JOB_START_GRACE after it was made if none
+        appeared.  A job that has a claim gets that claim back."""
+        if not (job.isascii() and job.isdigit()):
+            raise InvalidRequest(f"a Slurm job id is a number, not {quoted(job)}")
+        existing = self._job_claim(job)
+        if existing is not None:
+            return existing
+        if not gpu_names:
+            raise InvalidRequest(f"Slurm job {job} has no GPU here: nothing to claim")
+        uuids = tuple(dict.fromkeys(self._job_gpu(n) for n in gpu_names))
+        user = await self._user_name(uid)
+        label = job_label(job, user, name)
+        check_text("label", label)
+        self.run_due()
+        if self._job_claim(job) is not None:  # made while the user name was looked up
+            return self._job_claim(job)
+        claim_id = self._new_id()
+        events = self.ledger.start_job(claim_id, job, uuids, uid, user, label, self.clock())
+        self._commit(events, undo=lambda: self.ledger.release(claim_id, "cancelled"))
+        for uuid in uuids:
+            if uuid not in self.ledger.slurm:
+                log.warning("Slurm job %s runs on %s, which [slurm] gpus does not give Slurm",
+                            job, self.ledger.gpus[uuid].label)
+        return self.ledger.claims[claim_id]
+
+    def release_job(self, job: str) -> list[str]:
+        """End Slurm job ``job``'s claim (its epilog); the claims ended, none if it had
+        ended already."""
+        claim = self._job_claim(job)
+        if claim is None:
+            return []
+        self._end(claim.id, "job-ended", None, "")
+        return [claim.id]
+
+    def _job_gpu(self, name: str) -> str:
+        """The UUID of a GPU as Slurm names it: by UUID or alias, or by Slurm's number k,
+        which counts the node's GPUs in gres.conf's order: the k-th of [slurm] gpus by
+        index (our index k when the config gives Slurm none)."""
+        slurm = sorted(self.ledger.slurm, key=lambda u: self.ledger.gpus[u].index)
+        if not (slurm and name.isascii() and name.isdigit()):
+            return self.ledger.gpu_by_name(name).uuid
+        if int(name) >= len(slurm):
+            raise InvalidRequest(f"Slurm's GPU {name} is not here: [slurm] gpus gives Slurm "
+                                 f"{len(slurm)} GPU(s), numbered from 0 in index order")
+        return slurm[int(name)]
+
+    def _job_claim(self, job: str) -> Claim | None:
+        return next((c for c in self.ledger.claims.values() if c.job == job), None)
+
+    def _end_unstarted_jobs(self) -> None:
+        now = self.clock()
+        for claim in list(self.ledger.claims.values()):
+            if claim.job and not claim.members and now - claim.created_usec > JOB_START_GRACE:
+                self._end(claim.id, "job-ended", None,
+                          f"no process of Slurm job {claim.job} appeared in "
+                          f"{JOB_START_GRACE // 1_000_000} s")
+
     def stop(self, caller: Caller, uid: int, session: str | None, reason: str = "",
              admin: bool = False, dry_run: bool = False) -> tuple[list[Claim], list[Booking]]:
         """End at once every live claim and booking of one user's ``session`` (None: all of
@@ -395,8 +469,8 @@ class Engine(CalendarOperations):
         if uid != caller.uid and not reason:
             raise InvalidRequest("stopping someone else's session needs a reason")
         self.run_due()
-        claims = [c for c in self.ledger.claims.values() if c.uid == uid and c.mode != BOOKING
-                  and (session is None or c.session == session)]
+        claims = [c for c in self.ledger.claims.values() if c.uid == uid
+                  and c.mode not in (BOOKING, SLURM) and (session is None or c.session == session)]
         bookings = [b for b in self.calendar.bookings.values() if b.uid == uid
                     and b.state != ENDED and (session is None or b.session == session)]
         if dry_run or not (claims or bookings):
@@ -516,6 +590,8 @@ class Engine(CalendarOperations):
     async def verify(self) -> list[GpuReport]:
         """Compare the claims with the compute processes the driver reports on each GPU."""
         evidence = await self.probe.processes()
+        if any(c.job for c in self.ledger.claims.values()):  # a step may have begun since
+            self._adopt(*await self._off_loop(_table_and_steps))  # the last sweep
         pids = [p.pid for procs in (evidence.processes or {}).values() for p in procs]
         chains, details = await self._off_loop(_observe, pids)
         owned = claim_processes(self.ledger.claims.values())
@@ -535,10 +611,13 @@ class Engine(CalendarOperations):
 
     # -- views -------------------------------------------------------------------------
     def gpu_state(self, gpu: Gpu) -> str:
-        """free, claimed (held whole) or shared (VRAM shares on it)."""
+        """free, claimed (held whole), shared (VRAM shares on it) or slurm (free, but
+        Slurm's to schedule)."""
         if self.ledger.holder(gpu.uuid):
             return "claimed"
-        return "shared" if self.ledger.vram_used(gpu.uuid) else "free"
+        if self.ledger.vram_used(gpu.uuid):
+            return "shared"
+        return "slurm" if gpu.uuid in self.ledger.slurm else "free"
 
     def free_count(self) -> int:
         return len(self.ledger.free_gpus())
@@ -602,17 +681,21 @@ class Engine(CalendarOperations):
             try:
                 self._serve_queue()  # a GPU found busy before may be idle now
                 self._watch_again()
-                table = await self._off_loop(read_table)
-                self._adopt(table)
+                self._adopt(*await self._off_loop(_table_and_steps))
+                self._end_unstarted_jobs()
                 await self._release_dead_owners()
                 await self._observe_use()
             except Exception:
                 log.exception("tracking sweep failed")
 
-    def _adopt(self, table) -> None:
+    def _adopt(self, table, steps: dict[str, set[ProcessRef]]) -> None:
+        """Descendants of each claim's processes become its members, and so do a Slurm
+        job's step daemons (``steps``: job id -> them) with theirs."""
         children = children_of(table)
         for claim in list(self.ledger.claims.values()):
-            new = descendants(table, claim.processes(), children) - claim.members - {claim.owner}
+            roots = claim.processes() | steps.get(claim.job, set()) if claim.job else claim.processes()
+            new = (descendants(table, roots, children) | (roots - claim.processes())) \
+                - claim.members - {claim.owner}
             if new:
                 self._commit(self.ledger.add_members(claim.id, new))
                 for ref in new:
@@ -644,7 +727,7 @@ class Engine(CalendarOperations):
         windows = {}
         for c in claims.values():
             after = self.settings.no_show_after if c.mode == BOOKING else self.settings.idle_after
-            if after:
+            if after and c.mode != SLURM:  # a job's GPUs are Slurm's to take back
                 windows[c.id] = (int(after * 1e6), c.mode == BOOKING)
         elapsed, self._looked = now - (self._looked or now), now
         if not claims:
@@ -929,6 +1012,12 @@ def _use_of(claim: Claim, evidence: GpuEvidence, uids: dict[int, int | None]
             elif uid is None and owner == UNUSED:
                 owner = UNKNOWN
     return owner, anyone
+
+
+def _table_and_steps():
+    """The process table, and the Slurm jobs' step daemons in it (blocking)."""
+    table = read_table()
+    return table, job_steps(table)
 
 
 def _ancestries(pids: list[int]) -> dict:

@@ -14,6 +14,8 @@
 #   passwd        useradd, userdel, groupadd, groupdel, for their test users
 #   dbus-user-session  a user bus under systemd --user, for the tests under a real systemd
 #                 (tests/systemd: the per-user service)
+#   slurmctld slurmd slurm-client munge  a real one-node Slurm for tests/system/test_slurm.py
+#                 (and benchmarks/slurm_prolog.py)
 # Anyone but root is only told about those (the tests skip themselves without root).
 # The notification test with a real server needs, installed for root, mentioned otherwise:
 #   dunst         a real org.freedesktop.Notifications server
@@ -39,6 +41,10 @@ fi
 { command -v setpriv && command -v runuser; } >/dev/null 2>&1 || system="$system util-linux"
 { command -v useradd && command -v groupadd; } >/dev/null 2>&1 || system="$system passwd"
 [ -e /usr/lib/systemd/user/dbus.socket ] || system="$system dbus-user-session"
+command -v slurmctld >/dev/null 2>&1 || system="$system slurmctld"
+command -v slurmd >/dev/null 2>&1 || system="$system slurmd"
+command -v srun >/dev/null 2>&1 || system="$system slurm-client"
+command -v munged >/dev/null 2>&1 || system="$system munge"
 command -v dunst >/dev/null 2>&1 || optional="$optional dunst"
 command -v Xvfb >/dev/null 2>&1 || optional="$optional xvfb"
 command -v tmux >/dev/null 2>&1 || optional="$optional tmux"

@@ -95,6 +95,7 @@ CLAIM_OPTIONS = {
     "DryRun": "b",
 }
 RELEASE_FLAGS = RELEASE_FORCE | RELEASE_DRY_RUN
+JOB_OPTIONS = {"UID": "u", "Name": "s"}
 STOP_OPTIONS = {"Session": "s", "UID": "u", "Reason": "s", "DryRun": "b"}
 USAGE_OPTIONS = {"SinceUSec": "t", "UntilUSec": "t", "UID": "u", "ByGPU": "b"}
 DAY_USEC = 86400 * 1_000_000
@@ -135,6 +136,8 @@ class ManagerInterface(Interface):
         "Stop": ("claims", "bookings"),
         "ReportJob": ("booking",),
         "Usage": ("json",),
+        "ClaimJob": ("claim_id", "claim"),
+        "ReleaseJob": ("claim_ids",),
     }
 
     def __init__(self, bus, engine: Engine, mode: str, health: HealthMonitor, reload=None,
@@ -234,6 +237,25 @@ class ManagerInterface(Interface):
         claim_id = self.engine.holder_of(gpu).id
         await self._release(claim_id, force=True, reason=reason)
         return claim_id
+
+    @dbus_method()
+    @bus_errors
+    async def ClaimJob(self, job_id: "s", gpus: "as", options: "a{sv}") -> "so":
+        """Slurm job ``job_id``'s GPUs here (names) become its claim, in mode slurm (its
+        prolog, as root; anyone else needs manage).  ``UID``: the job's user (default: the
+        caller); ``Name``: the job's name, for the label."""
+        opts = parse_options(options, JOB_OPTIONS)
+        caller = await self._manager()
+        claim = await self.engine.claim_job(caller, job_id, list(gpus),
+                                            opts.get("UID", caller.uid), opts.get("Name", ""))
+        return [claim.id, claim_path(claim.id)]
+
+    @dbus_method()
+    @bus_errors
+    async def ReleaseJob(self, job_id: "s") -> "as":
+        """End Slurm job ``job_id``'s claim (its epilog); the claims ended."""
+        await self._manager()
+        return self.engine.release_job(job_id)
 
     @dbus_method()
     @bus_errors

@@ -7,7 +7,7 @@ from ._options import bus_option, client, emit_json, json_option
 
 @click.group()
 def slurm():
-    """Help move this machine into a Slurm cluster.
+    """Live beside Slurm on this machine, or move this machine into a Slurm cluster.
 
     Example: gpuctl slurm config
     """
@@ -36,3 +36,33 @@ def config(bus, as_json):
         emit_json(data)
     else:
         click.echo(render(data))
+
+
+_HOOK_HELP = """
+
+    Run by slurmd as root, never by hand: it reads the job from SLURM_JOB_ID,
+    SLURM_JOB_UID and the GPUs from SLURM_JOB_GPUS (else SLURM_STEP_GPUS, else
+    CUDA_VISIBLE_DEVICES: indices or UUIDs).  Exits 0 whatever happens, within 1.5 s
+    (Slurm drains a node whose {what} fails); problems go to stderr and syslog
+    (gpuctl-slurm).  Exit 2: not run by slurmd (no SLURM_JOB_ID).
+
+    Example: Prolog=/etc/slurm/resourced-prolog.sh, a script that runs: exec gpuctl slurm {what}
+    """
+
+
+@slurm.command(short_help="Slurm's Prolog=: make a job's GPUs here its claim.",
+               help="Make a Slurm job's GPUs on this machine its claim (mode slurm, "
+               "labelled \"slurm JOBID USER NAME\"), ended by the epilog or when the job's "
+               "processes are gone." + _HOOK_HELP.format(what="prolog"))
+def prolog():
+    from ..slurm_hooks import run
+
+    return run("prolog")
+
+
+@slurm.command(short_help="Slurm's Epilog=: end a job's claim.",
+               help="End a Slurm job's claim on this machine." + _HOOK_HELP.format(what="epilog"))
+def epilog():
+    from ..slurm_hooks import run
+
+    return run("epilog")

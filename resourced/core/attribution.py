@@ -23,6 +23,7 @@ class ProcInfo:
     start_time: int
     uid: int = -1
     nested_namespace: bool = False  # its NSpid has more than one level below ours
+    name: str = ""  # its command name (comm), as /proc/<pid>/stat gives it
 
     @property
     def ref(self) -> ProcessRef:

@@ -9,6 +9,10 @@ MODES = ("run", "dev")
 BOOKING = "booking"
 """The mode of a booking's claim while the booking is active: no process of its own; it
 ends with the booking."""
+SLURM = "slurm"
+"""The mode of a Slurm job's claim: made by the job's prolog on the GPUs Slurm gave it,
+bound to the job's processes (found through its slurmstepd), ended by its epilog or when
+they are gone."""
 BOOKING_PRIORITY = 2**31 - 1
 """A booking at its start outranks every waiter (callers' priorities stay below it)."""
 
@@ -149,6 +153,7 @@ class Claim:
     until_booking: str = ""       # start: that booking's id); 0 = no end
     overdue: bool = False         # past until_usec: a booking may ask it back
     session: str = ""             # the agent session it belongs to
+    job: str = ""                 # the Slurm job id of a claim in mode slurm
 
     @property
     def shared(self) -> bool:

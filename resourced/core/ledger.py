@@ -58,6 +58,7 @@ from .claims import (
     BOOKING_PRIORITY,
     GRANTED,
     QUEUED,
+    SLURM,
     Claim,
     ClaimRequest,
     Demand,
@@ -145,10 +146,16 @@ Event = (ClaimQueued | ClaimGranted | ClaimReleased | OwnerDied | MembersChanged
 
 
 class Ledger:
-    """Claims over a fixed inventory of GPUs and pools."""
+    """Claims over a fixed inventory of GPUs and pools.
 
-    def __init__(self, gpus: Iterable[Gpu], pools: Iterable[Pool] = ()):
+    ``slurm`` are the GPUs Slurm schedules: only claims in mode ``slurm`` (a job's, made
+    by its prolog) hold them; they are neither free to other claims nor on the timeline
+    the calendar books on."""
+
+    def __init__(self, gpus: Iterable[Gpu], pools: Iterable[Pool] = (),
+                 slurm: frozenset[str] = frozenset()):
         self.gpus: dict[str, Gpu] = {g.uuid: g for g in sorted(gpus, key=lambda g: g.index)}
+        self.slurm = slurm & set(self.gpus)
         self.pools: dict[str, Pool] = {p.name: p for p in pools}
         self.claims: dict[str, Claim] = {}
         self._holder: dict[str, str] = {}              # GPU uuid -> claim holding it whole
@@ -167,7 +174,8 @@ class Ledger:
         self._asked: set[str] = set()                  # claims asked back now (reclaim_for)
         self._bounded: set[str] = set()                # granted until a booking's start
         self._seq = 0
-        self.timeline = Timeline({u: g.memory_bytes for u, g in self.gpus.items()},
+        self.timeline = Timeline({u: g.memory_bytes for u, g in self.gpus.items()
+                                  if u not in self.slurm},
                                  {p.name: p.capacity for p in self.pools.values()})
 
     # -- queries ---------------------------------------------------------------------
@@ -183,8 +191,9 @@ class Ledger:
         return [self.claims[c] for c in self._shares.get(uuid, {})]
 
     def free_gpus(self) -> list[Gpu]:
-        """GPUs nobody holds or shares."""
-        return [g for u, g in self.gpus.items() if u not in self._holder and not self._shares.get(u)]
+        """GPUs nobody holds or shares (Slurm's are never free to our claims)."""
+        return [g for u, g in self.gpus.items()
+                if u not in self._holder and not self._shares.get(u) and u not in self.slurm]
 
     def vram_used(self, uuid: str) -> int:
         return sum(self._shares.get(uuid, {}).values())
@@ -285,6 +294,28 @@ class Ledger:
         self._add(claim)
         return [ClaimQueued(claim), *self._schedule(busy)]
 
+    def start_job(self, claim_id: str, job: str, gpus: tuple[str, ...], uid: int, user: str,
+                  label: str, now_usec: int) -> list[Event]:
+        """A Slurm job's GPUs on this node (UUIDs) become a claim in mode ``slurm``,
+        granted at once: Slurm has already given them, so there is no queue, no limit and
+        no evidence to look at.  Refused only if one of our claims holds one of them (the
+        GPU is not Slurm's by the config, and both handed it out)."""
+        if claim_id in self.claims:
+            raise InvalidRequest(f"claim id {claim_id!r} is taken")
+        held = sorted({c.id for u in gpus for c in self.claims_on(u)})
+        if held:
+            names = ", ".join(self.gpus[u].label for u in gpus)
+            raise NotEnoughGPUs(f"Slurm job {job} was given {names}, but claim(s) "
+                                f"{', '.join(held)} hold some of them; list Slurm's GPUs in "
+                                "[slurm] gpus so that they never race")
+        self._seq += 1
+        claim = Claim(id=claim_id, mode=SLURM, demand=Demand(len(gpus)), owner=ProcessRef(0, 0),
+                      uid=uid, user=user, label=label, task_name="", created_usec=now_usec,
+                      seq=self._seq, owner_alive=False, on=gpus, job=job)
+        self._add(claim)
+        self._hold(claim, gpus, "")
+        return [ClaimGranted(claim)]
+
     def release(self, claim_id: str, reason: str = "released",
                 busy: frozenset[str] | None = frozenset()) -> list[Event]:
         """End a claim (a queued one is cancelled) and serve the queue with what it frees.
@@ -327,13 +358,15 @@ class Ledger:
 
     def member_exited(self, claim_id: str, ref: ProcessRef,
                       busy: frozenset[str] | None = frozenset()) -> list[Event]:
-        """A member is gone; a run claim whose owner and members are all gone ends."""
+        """A member is gone; a run claim whose owner and members are all gone ends, and so
+        does a Slurm job's claim when the last of its processes is."""
         claim = self.claims.get(claim_id)
         if claim is None or ref not in claim.members:
             return []
         claim.members = claim.members - {ref}
-        if claim.mode == "run" and not claim.owner_alive and not claim.members:
-            return self.release(claim_id, "owner-exited", busy)
+        if claim.mode in ("run", SLURM) and not claim.owner_alive and not claim.members:
+            return self.release(claim_id, "job-ended" if claim.mode == SLURM else "owner-exited",
+                                busy)
         return [MembersChanged(claim)]
 
     def dead_owner_claims(self, now_usec: int, grace_usec: int) -> list[Claim]:
@@ -411,7 +444,8 @@ class Ledger:
     def _view(self, busy: frozenset[str]) -> View:
         free = [g.uuid for g in self.free_gpus()]
         usable = [u for u in free if u not in busy]
-        booked_from = {u: self._booked_from(u) for u in self.gpus} if self.timeline.holds else {}
+        booked_from = ({u: self._booked_from(u) for u in self.timeline.memory}
+                       if self.timeline.holds else {})
         usable.sort(key=lambda u: booked_from.get(u, 0), reverse=True)  # unbooked, then latest
         vram = {u: self.gpus[u].memory_bytes - self.vram_used(u)
                 for u in self.gpus if u not in self._holder and (u in usable or self._shares.get(u))}
@@ -569,8 +603,8 @@ class Ledger:
             self._used[name] += amount
         if claim.reclaimable or claim.overdue:
             self._reclaimable.add(claim.id)
-        if claim.mode != BOOKING:  # a booking's claim holds over the booking's own hold
-            self._hold_over_time(claim)
+        if claim.mode not in (BOOKING, SLURM):  # a booking's holds over the booking's own
+            self._hold_over_time(claim)           # hold; a job's time is Slurm's to plan
 
     def _hold_over_time(self, claim: Claim) -> None:
         """Put a granted claim on the timeline, until its end or the start of the next
@@ -600,7 +634,7 @@ class Ledger:
         self._asked.discard(claim.id)
         if claim.state != GRANTED:
             return
-        if claim.mode != BOOKING:
+        if claim.mode not in (BOOKING, SLURM):
             self.timeline.remove(claim.id)
         self._reclaimable.discard(claim.id)
         self._bounded.discard(claim.id)
@@ -617,8 +651,10 @@ class Ledger:
 
     # -- refusals --------------------------------------------------------------------
     def _check_satisfiable(self, d: Demand) -> None:
-        if d.gpus > len(self.gpus):
-            raise NotEnoughGPUs(f"{d.gpus} GPU(s) requested, the machine has {len(self.gpus)}")
+        ours = len(self.gpus) - len(self.slurm)
+        if d.gpus > ours:
+            slurm = f" besides the {len(self.slurm)} Slurm schedules" if self.slurm else ""
+            raise NotEnoughGPUs(f"{d.gpus} GPU(s) requested, the machine has {ours}{slurm}")
         for name, amount in d.pools:
             pool = self.pools.get(name)
             if pool is None:
@@ -627,7 +663,8 @@ class Ledger:
                 raise NotEnoughCapacity(
                     f"{format_amount(amount, pool.unit)} of {name} requested, "
                     f"the pool holds {format_amount(pool.capacity, pool.unit)}")
-        biggest = max((g.memory_bytes for g in self.gpus.values()), default=0)
+        biggest = max((g.memory_bytes for u, g in self.gpus.items() if u not in self.slurm),
+                      default=0)
         if d.vram > biggest:
             raise NotEnoughCapacity(f"{format_amount(d.vram, 'bytes')} of VRAM requested, "
                                     f"the largest GPU has {format_amount(biggest, 'bytes')}")
@@ -724,7 +761,7 @@ class Ledger:
         assert {c.id for c in self.claims.values() if c.reclaim_for} == self._asked, "asked index"
         assert {c.id for c in granted if c.until_booking} == self._bounded, "bounded index"
         for c in granted:
-            if c.mode != BOOKING:
+            if c.mode not in (BOOKING, SLURM):
                 hold = self.timeline.holds.get(c.id)
                 assert hold is not None and hold.gpus() == c.gpus, f"{c.id} is not on the timeline"
                 assert hold.end == (c.until_usec or None), f"{c.id} ends otherwise on the timeline"
@@ -740,8 +777,9 @@ _NEVER = 2**63
 
 
 def _count(counter: Counter, claim: Claim, delta: int) -> None:
-    """Add ``delta`` to the claim's user and session in ``counter`` (keys at 0 go)."""
-    if not delta:
+    """Add ``delta`` to the claim's user and session in ``counter`` (keys at 0 go); a
+    Slurm job's claim counts against Slurm's limits, not ours."""
+    if not delta or claim.mode == SLURM:
         return
     for key in (claim.uid, (claim.uid, claim.session)):
         counter[key] += delta

@@ -36,6 +36,7 @@ def read_process(pid: int) -> ProcInfo | None:
         start_time=int(stat[19]),
         uid=int(status[b"Uid"][0]),
         nested_namespace=len(status.get(b"NSpid", [b"0"])) > 1,
+        name=data[data.index(b"(") + 1 : data.rindex(b")")].decode(errors="replace"),
     )
 
 
