@@ -3,14 +3,13 @@
 The address is ``$RESOURCED_BUS_ADDRESS``, else the directory that ``gpuctl connect DIR``
 wrote into ``$XDG_CONFIG_HOME/resourced/client.toml``. The host is the owner of that
 directory: a client talks to ``org.resourced`` there only if that account owns the name,
-so nobody else can stand in for the service while it is down. Light on imports: every
-client start may read this.
+so nobody else can stand in for the service while it is down. Light on imports (no
+pathlib: paths are strings here), as every client start may read this.
 """
 
 import os
 import pwd
-from pathlib import Path
-from typing import NamedTuple
+from collections import namedtuple
 
 from .errors import AccessDenied, DaemonUnreachable
 
@@ -19,32 +18,29 @@ ADDRESS_VARIABLE = "RESOURCED_BUS_ADDRESS"
 CLIENT_FILE = "client.toml"
 
 
-class SharedTarget(NamedTuple):
-    """A shared bus: its address, its directory and the uid that must own the service."""
-
-    address: str
-    directory: Path
-    host_uid: int
+SharedTarget = namedtuple("SharedTarget", "address directory host_uid")
+"""A shared bus: its address, its directory and the uid that must own the service."""
 
 
-def address_of(directory: str | Path) -> str:
+def address_of(directory) -> str:
     """The D-Bus address of the shared bus in ``directory``."""
-    return f"unix:path={Path(directory) / SOCKET}"
+    return f"unix:path={os.path.join(directory, SOCKET)}"
 
 
-def client_file(environ=os.environ) -> Path:
+def client_file(environ=os.environ) -> str:
     """This account's client settings (where ``gpuctl connect`` writes)."""
     base = environ.get("XDG_CONFIG_HOME", "")
     if not os.path.isabs(base):
-        base = os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "resourced" / CLIENT_FILE
+        base = os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".config")
+    return os.path.join(base, "resourced", CLIENT_FILE)
 
 
-def connected_dir(environ=os.environ) -> Path | None:
+def connected_dir(environ=os.environ) -> str | None:
     """The directory ``gpuctl connect`` recorded, if any."""
     path = client_file(environ)
     try:
-        text = path.read_text()
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -56,12 +52,12 @@ def connected_dir(environ=os.environ) -> Path | None:
     except tomllib.TOMLDecodeError as exc:
         raise DaemonUnreachable(f"{path} is not valid TOML ({exc}): run `gpuctl connect DIR` "
                                 "again") from exc
-    return Path(directory) if isinstance(directory, str) and directory else None
+    return directory if isinstance(directory, str) and directory else None
 
 
 def configured(environ=os.environ) -> bool:
     """Whether this account uses a shared bus by default."""
-    return bool(environ.get(ADDRESS_VARIABLE)) or client_file(environ).is_file()
+    return bool(environ.get(ADDRESS_VARIABLE)) or os.path.isfile(client_file(environ))
 
 
 def target(environ=os.environ) -> SharedTarget:
@@ -71,7 +67,7 @@ def target(environ=os.environ) -> SharedTarget:
         if not address.startswith("unix:path="):
             raise DaemonUnreachable(f"${ADDRESS_VARIABLE} must be unix:path=DIR/{SOCKET}, "
                                     f"not {address!r}")
-        directory = Path(address.removeprefix("unix:path=").split(",")[0]).parent
+        directory = os.path.dirname(address.removeprefix("unix:path=").split(",")[0])
     else:
         directory = connected_dir(environ)
         if directory is None:
@@ -80,7 +76,7 @@ def target(environ=os.environ) -> SharedTarget:
                                     f"you, or set ${ADDRESS_VARIABLE}")
         address = address_of(directory)
     try:
-        host_uid = directory.stat().st_uid
+        host_uid = os.stat(directory).st_uid
     except PermissionError:
         raise not_in_group(directory) from None
     except OSError as exc:
@@ -88,7 +84,7 @@ def target(environ=os.environ) -> SharedTarget:
     return SharedTarget(address, directory, host_uid)
 
 
-def _group_of(directory: Path) -> str:
+def _group_of(directory: str) -> str:
     import grp
 
     try:
@@ -104,7 +100,7 @@ def _user(uid: int) -> str:
         return f"uid {uid}"
 
 
-def not_in_group(directory: Path) -> AccessDenied:
+def not_in_group(directory: str) -> AccessDenied:
     return AccessDenied(f"cannot reach the shared bus in {directory}: permission denied; only "
                         f"members of {_group_of(directory)} may use it (ask its host to add "
                         "you, then log in again)")
@@ -138,9 +134,11 @@ def check_host(target: SharedTarget, owner_uid: int) -> None:
                            "directory: not trusting it (tell the host)")
 
 
-def write_connection(directory: Path, environ=os.environ) -> Path:
+def write_connection(directory, environ=os.environ):
     """Record ``directory`` as this account's shared bus; return the file written."""
-    path = client_file(environ)
+    from pathlib import Path
+
+    path = Path(client_file(environ))
     path.parent.mkdir(parents=True, exist_ok=True)
     quoted = str(directory).replace("\\", "\\\\").replace('"', '\\"')
     tmp = path.with_suffix(".tmp")

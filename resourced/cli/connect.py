@@ -29,7 +29,7 @@ def connect(directory, forget, no_check, as_json):
     from .. import shared_address
 
     if forget:
-        path = shared_address.client_file()
+        path = Path(shared_address.client_file())
         path.unlink(missing_ok=True)
         _say(as_json, {"shared_dir": None, "file": str(path)},
              f"gpuctl no longer uses a shared bus by default ({path} removed)")

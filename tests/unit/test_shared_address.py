@@ -2,6 +2,7 @@
 the daemon's --shared options."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -20,20 +21,20 @@ def test_connect_writes_what_the_client_reads_back(tmp_path):
     path = shared_address.write_connection(tmp_path / 'a "quoted" dir', e)
     assert path == tmp_path / "config/resourced/client.toml"
     assert shared_address.configured(e)
-    assert shared_address.connected_dir(e) == tmp_path / 'a "quoted" dir'
+    assert shared_address.connected_dir(e) == str(tmp_path / 'a "quoted" dir')
 
 
 def test_the_target_is_the_recorded_directory_hosted_by_its_owner(tmp_path):
     e = env(tmp_path)
     shared_address.write_connection(tmp_path, e)
     target = shared_address.target(e)
-    assert target == (f"unix:path={tmp_path}/bus", tmp_path, os.stat(tmp_path).st_uid)
+    assert target == (f"unix:path={tmp_path}/bus", str(tmp_path), os.stat(tmp_path).st_uid)
 
 
 def test_the_address_variable_wins_and_names_the_directory(tmp_path):
     e = env(tmp_path, RESOURCED_BUS_ADDRESS=f"unix:path={tmp_path}/bus")
     shared_address.write_connection(tmp_path / "elsewhere", e)
-    assert shared_address.target(e).directory == tmp_path
+    assert shared_address.target(e).directory == str(tmp_path)
 
 
 @pytest.mark.parametrize("address", ["tcp:host=localhost,port=1", "unix:abstract=x"])
@@ -49,7 +50,7 @@ def test_without_a_setting_the_message_says_how_to_make_one(tmp_path):
 
 def test_a_broken_client_file_is_reported_not_a_traceback(tmp_path):
     e = env(tmp_path)
-    path = shared_address.client_file(e)
+    path = Path(shared_address.client_file(e))
     path.parent.mkdir(parents=True)
     path.write_text("shared_dir = [unclosed\n")
     with pytest.raises(DaemonUnreachable, match="not valid TOML"):
