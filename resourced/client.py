@@ -524,7 +524,8 @@ class Client(_Base):
     def claim_job(self, job: str, gpus: list[str], uid: int | None = None, name: str = "") -> str:
         """Make Slurm job ``job``'s GPUs here (indices, UUIDs or aliases) its claim, for
         user ``uid`` (root, or with manage; default: me); returns the claim's reference
-        (the job's claim if it had one).  ``gpuctl slurm prolog`` calls this."""
+        (the job's claim if it had one, relabelled with ``name`` if given: then ``gpus``
+        may be empty).  ``gpuctl slurm prolog`` calls this."""
         return self._send(self._claim_job_message(job, gpus, uid, name))[0]
 
     def release_job(self, job: str) -> list[str]:

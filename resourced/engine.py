@@ -399,13 +399,19 @@ class Engine(CalendarOperations):
         prolog asks, as root.  The claim is bound to the job's processes (its slurmstepd
         daemons and their descendants, adopted by the tracking sweep) and ends with them,
         at ``release_job`` (the epilog), or JOB_START_GRACE after it was made if none
-        appeared.  A job that has a claim gets that claim back."""
+        appeared.  A job that has a claim gets that claim back, labelled with ``name`` if
+        one is given (the prolog claims at once, and names the job once slurmctld told
+        it the name)."""
         if not (job.isascii() and job.isdigit()):
             raise InvalidRequest(f"a Slurm job id is a number, not {quoted(job)}")
         existing = self._job_claim(job)
         if existing is not None:
+            if name:
+                label = job_label(job, existing.user, name)
+                check_text("label", label)
+                self._commit(self.ledger.relabel(existing.id, label))
             return existing
-        if not gpu_names:
+        if not gpu_names:  # (with a name: naming the job's claim, which has ended)
             raise InvalidRequest(f"Slurm job {job} has no GPU here: nothing to claim")
         uuids = tuple(dict.fromkeys(self._job_gpu(n) for n in gpu_names))
         user = await self._user_name(uid)

@@ -13,17 +13,15 @@ slurmd at all (no ``SLURM_JOB_ID``).
 
 import os
 import re
-import shutil
 import signal
-import subprocess
 import sys
-import syslog
 import time
 
 DEADLINE = 1.5
 """Seconds a hook may take in all (the job waits for the prolog)."""
-NAME_TIMEOUT = 0.5
-"""Seconds to ask slurmctld for the job's name, when the environment lacks it."""
+NAME_TIMEOUT = 5.0
+"""Seconds to wait for slurmctld to tell the job's name, when the environment lacks it
+(off the job's path: see ``_name_later``)."""
 GPU_VARIABLES = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES")
 """Where a job's GPUs on this node are read from, first found first: the prolog and epilog
 get ``SLURM_JOB_GPUS``; a task gets ``SLURM_STEP_GPUS`` and ``CUDA_VISIBLE_DEVICES``."""
@@ -74,14 +72,49 @@ def _prolog(job: str, environ, start: float) -> None:
     if not gpus:
         return  # no GPU here: nothing to claim
     uid = int(environ["SLURM_JOB_UID"]) if environ.get("SLURM_JOB_UID", "").isdigit() else None
-    name = environ.get("SLURM_JOB_NAME") or _job_name(job, environ)
+    name = environ.get("SLURM_JOB_NAME", "")
+    lookup = None if name else _ask_job_name(job, environ)  # runs while the client loads
     with _client(start) as client:
         client.claim_job(job, gpus, uid, _printable(name))
+    if lookup is not None:
+        _name_later(job, lookup)
+
+
+def _name_later(job: str, lookup) -> None:
+    """The job starts now; a child of ours names the job's claim once slurmctld has
+    answered, so the job does not wait for that."""
+    if not _detached():
+        return
+    try:
+        name = _job_name(lookup)
+        if name:
+            from .client import Client
+
+            with Client(timeout=NAME_TIMEOUT) as client:
+                client.claim_job(job, [], None, _printable(name))
+    except Exception as exc:  # noqa: BLE001 - to syslog; the job goes on regardless
+        _warn(f"prolog of Slurm job {job}: could not name its claim: {exc}")
+    finally:
+        os._exit(0)
 
 
 def _epilog(job: str, environ, start: float) -> None:
+    """The job has ended: its claim ends before the epilog does, so that the next job
+    on these GPUs (which slurmd starts only after the epilog) finds them free."""
     with _client(start) as client:
         client.release_job(job)
+
+
+def _detached() -> bool:
+    """Fork: False in the parent (which goes on at once), True in the child, which is in a
+    session of its own with no output (slurmd waits for neither) and must ``os._exit``."""
+    if os.fork():
+        return False
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    return True
 
 
 def _client(start: float):
@@ -90,17 +123,32 @@ def _client(start: float):
     return Client(timeout=max(0.1, DEADLINE - (time.monotonic() - start)))
 
 
-def _job_name(job: str, environ) -> str:
-    """The job's name from slurmctld (22.05 gives the prolog no SLURM_JOB_NAME); "" if
-    it does not answer in NAME_TIMEOUT."""
+def _ask_job_name(job: str, environ):
+    """Start asking slurmctld for the job's name (22.05 gives the prolog no
+    SLURM_JOB_NAME): the running ``scontrol``, or None without one."""
+    import shutil
+    import subprocess
+
     scontrol = shutil.which("scontrol", path=environ.get("PATH") or "/usr/bin:/usr/local/bin")
     if scontrol is None:
-        return ""
+        return None
     try:
-        out = subprocess.run([scontrol, "show", "job", "-o", job], check=False, capture_output=True,
-                             text=True, timeout=NAME_TIMEOUT, env=dict(environ),
-                             stdin=subprocess.DEVNULL).stdout
-    except (OSError, subprocess.TimeoutExpired):
+        return subprocess.Popen([scontrol, "show", "job", "-o", job], env=dict(environ),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+    except OSError:
+        return None
+
+
+def _job_name(lookup) -> str:
+    """The name ``scontrol`` answers with; "" if it does not in NAME_TIMEOUT."""
+    import subprocess
+
+    try:
+        out, _ = lookup.communicate(timeout=NAME_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        lookup.kill()
+        lookup.wait()
         return ""
     found = _JOB_NAME.search(out)
     return found.group(1) if found else ""
@@ -117,6 +165,8 @@ def _late(signum, frame):
 
 def _warn(message: str) -> None:
     """To stderr and syslog (the daemon's audit log has the claims themselves)."""
+    import syslog
+
     print(f"gpuctl: {message}", file=sys.stderr)
     syslog.openlog("gpuctl-slurm", syslog.LOG_PID, syslog.LOG_DAEMON)
     syslog.syslog(syslog.LOG_WARNING, message)

@@ -21,6 +21,7 @@ from .core.ledger import (
     OwnerDied,
     ReclaimAsked,
     ReclaimWithdrawn,
+    Relabelled,
     UntilChanged,
 )
 from .errors import ResourcedError
@@ -107,7 +108,7 @@ class ClaimStore:
         """Append the events, one write; compact when the log has grown past its use."""
         records = []
         for event in events:
-            if isinstance(event, (ClaimGranted, ClaimQueued, UntilChanged)):
+            if isinstance(event, (ClaimGranted, ClaimQueued, UntilChanged, Relabelled)):
                 records.append({"op": "grant", "claim": claim_to_record(event.claim)})
             elif isinstance(event, ClaimReleased):
                 records.append({"op": "release", "id": event.claim.id})

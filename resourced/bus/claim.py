@@ -17,7 +17,7 @@ class ClaimInterface(Interface):
                  "Ending": ("until_usec", "booking_id"),
                  "StopRequested": ("by_uid", "reason")}
     CONST_PROPERTIES = frozenset({
-        "Id", "Mode", "UID", "User", "OwnerPID", "OwnerStartTime", "Label", "TaskName",
+        "Id", "Mode", "UID", "User", "OwnerPID", "OwnerStartTime", "TaskName",
         "CreatedUSec", "Priority", "Reclaimable", "VRAMBytes", "Pools", "Session",
     })
 

@@ -41,6 +41,7 @@ from ..core.ledger import (
     OwnerDied,
     ReclaimAsked,
     ReclaimWithdrawn,
+    Relabelled,
     StopAsked,
     UntilChanged,
 )
@@ -708,6 +709,9 @@ class ManagerInterface(Interface):
                 out.append((self._claim_object(claim.id).emit_properties_changed,
                             {"UntilUSec": claim.until_usec,
                              "UntilBooking": claim.until_booking}))
+            elif isinstance(event, Relabelled):
+                out.append((self._claim_object(claim.id).emit_properties_changed,
+                            {"Label": claim.label}))
             elif isinstance(event, StopAsked):
                 out.append((self._claim_object(claim.id).StopRequested, event.by, event.reason))
             elif isinstance(event, ClaimEnding):

@@ -5,7 +5,6 @@ failure leaves through ``main``: ``gpuctl: <one line>`` on stderr and a document
 """
 
 import importlib
-import sys
 
 import click
 
@@ -126,6 +125,3 @@ def main(argv: list[str] | None = None) -> int:
         return code
     return rv if isinstance(rv, int) else 0
 
-
-def entry() -> None:
-    sys.exit(main())

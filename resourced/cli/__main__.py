@@ -1,3 +1,3 @@
-from . import entry
+from ..gpuctl import entry
 
 entry()

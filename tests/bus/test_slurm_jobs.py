@@ -76,6 +76,25 @@ def test_prolog_makes_the_claim_and_epilog_ends_it(slurm_daemon):
     assert claims() == []
 
 
+def test_without_the_jobs_name_the_prolog_does_not_wait_for_slurmctld(slurm_daemon, tmp_path):
+    """Slurm 22.05 gives the prolog no SLURM_JOB_NAME: the claim is made at once, and named
+    when scontrol answers (here a stand-in that takes a second)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    scontrol = fake / "scontrol"
+    scontrol.write_text("#!/bin/sh\nsleep 1\necho \"JobId=$4 JobName=late.sh UserId=root(0)\"\n")
+    scontrol.chmod(0o755)
+    started = time.monotonic()
+    r = hook("prolog", "44", SLURM_JOB_GPUS="0", SLURM_JOB_NAME="",
+             PATH=f"{fake}:{os.environ['PATH']}")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert time.monotonic() - started < 1.0  # it did not wait for the name
+    [claim] = claims()
+    assert claim["label"] == f"slurm 44 {claim['user']}"
+    eventually(lambda: claims()[0]["label"] == f"slurm 44 {claim['user']} late.sh", timeout=5)
+    assert hook("epilog", "44").returncode == 0
+
+
 def test_claim_ends_with_the_jobs_processes(slurm_daemon, stepd):
     with Client() as c:
         ref = c.claim_job("42", ["gpu2"])

@@ -104,7 +104,9 @@ def test_a_job_is_one_slurm_claim_on_its_two_gpus_while_it_runs(rig, slurm, clea
         assert time.monotonic() - started < SOON
         [job_id] = job_ids(slurm)
         assert claim["gpu_indices"] == list(SLURM_GPUS)
-        assert claim["label"] == f"slurm {job_id} root train.sh"
+        # Named once slurmctld has told the prolog's child the job's name.
+        wait(lambda: [c["label"] for c in slurm_claims(rig)] == [f"slurm {job_id} root train.sh"],
+             SOON, "the job's name on its claim")
         assert (claim["user"], claim["uid"], claim["state"]) == ("root", 0, "granted")
         assert job.wait(30) == 0, job.stderr.read()
         ended = time.monotonic()
