@@ -61,8 +61,11 @@ def node_facts(pools) -> tuple[int | None, int | None]:
 
 
 def export(gpus, pools, hostname: str) -> dict:
-    """The ``--json`` object: gres.conf lines, the NodeName= line, and what they came from."""
-    ordered = sorted(gpus or (), key=lambda g: g["index"])
+    """The ``--json`` object: gres.conf lines, the NodeName= line, and what they came from.
+    The GPUs are those ``[slurm] gpus`` gives Slurm, else all of them (a machine moving
+    into a cluster whole)."""
+    gpus = list(gpus or ())
+    ordered = sorted([g for g in gpus if g.get("slurm")] or gpus, key=lambda g: g["index"])
     rows = [{"index": g["index"], "uuid": g["uuid"], "type": gpu_type(g.get("name", "")),
              "file": f"/dev/nvidia{g['index']}"} for g in ordered]
     counts: dict[str, int] = {}

@@ -62,6 +62,7 @@ class StateView:
                     "claim": holder.id if (holder := ledger.holder(g.uuid)) else "",
                     "shared_by": [c.id for c in ledger.claims_on(g.uuid) if c.shared],
                     "vram_used_bytes": ledger.vram_used(g.uuid),
+                    "slurm": g.uuid in ledger.slurm,  # Slurm schedules it ([slurm] gpus)
                 }
                 for g in ledger.gpus.values()
             ],

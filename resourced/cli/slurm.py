@@ -17,8 +17,9 @@ def slurm():
 @bus_option
 @json_option
 def config(bus, as_json):
-    """Print the gres.conf lines (one per GPU resourced manages) and the slurm.conf
-    NodeName= line (CPUs and RealMemory from the cpu and ram pools), ready to copy.
+    """Print the gres.conf lines (one per GPU that [slurm] gpus gives Slurm, else per GPU
+    resourced manages) and the slurm.conf NodeName= line (CPUs and RealMemory from the
+    cpu and ram pools), ready to copy.
 
     The GPU type is a short word from the NVML name ("NVIDIA H100 80GB HBM3" -> h100);
     File= names /dev/nvidia<NVML index>: check those are the real device nodes.

@@ -78,3 +78,11 @@ def test_render_lines_are_config_or_comments():
     assert "Name=gpu Type=simulated File=/dev/nvidia0" in lines
     assert any("real device nodes" in line for line in lines)
     assert lines[-1] == "NodeName=n1 CPUs=32 RealMemory=65536 Gres=gpu:simulated:1 State=UNKNOWN"
+
+
+def test_with_slurm_gpus_configured_only_those_go_to_gres_conf():
+    gpus = [gpu(i, "NVIDIA H100 80GB HBM3") | {"slurm": i >= 2} for i in range(4)]
+    data = export(gpus, POOLS, "n1")
+    assert data["gres"] == ["Name=gpu Type=h100 File=/dev/nvidia2",
+                            "Name=gpu Type=h100 File=/dev/nvidia3"]
+    assert "Gres=gpu:h100:2" in data["node"]
