@@ -101,7 +101,7 @@ STOP_OPTIONS = {"Session": "s", "UID": "u", "Reason": "s", "DryRun": "b"}
 USAGE_OPTIONS = {"SinceUSec": "t", "UntilUSec": "t", "UID": "u", "ByGPU": "b"}
 DAY_USEC = 86400 * 1_000_000
 FEATURES = ["claims", "dev-claims", "verify", "health", "pools", "queue", "reclaim",
-            "bookings"]
+            "bookings", "slurm-jobs"]
 
 
 
