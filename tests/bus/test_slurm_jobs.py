@@ -95,6 +95,17 @@ def test_without_the_jobs_name_the_prolog_does_not_wait_for_slurmctld(slurm_daem
     assert hook("epilog", "44").returncode == 0
 
 
+def test_the_timeline_draws_a_jobs_claim_as_a_slurm_job(slurm_daemon):
+    with Client() as c:
+        ref = c.claim_job("46", ["0"], name="train.sh")
+    shown = gpuctl("timeline", "--width", "80")
+    assert shown.returncode == 0, shown.stderr
+    [legend] = [line for line in shown.stdout.splitlines() if ref in line]
+    assert "slurm job" in legend
+    [row] = [line for line in shown.stdout.splitlines() if line.startswith("gpu2")]
+    assert set(row.split()[1]) == {"A"}  # held from now to the right edge
+
+
 def test_claim_ends_with_the_jobs_processes(slurm_daemon, stepd):
     with Client() as c:
         ref = c.claim_job("42", ["gpu2"])
