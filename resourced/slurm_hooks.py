@@ -1,19 +1,24 @@
 """``gpuctl slurm prolog`` and ``gpuctl slurm epilog``: a Slurm job's GPUs as a claim.
 
 slurmd runs them as root (``SlurmdUser``) in the job's environment: ``SLURM_JOB_ID``,
-``SLURM_JOB_UID``, ``SLURM_JOB_USER`` and the GPUs (``slurm_jobs.job_gpus``).  The
-prolog asks the daemon to make the GPUs the job's claim (``Client.claim_job``), the
-epilog to end it (``Client.release_job``).
+``SLURM_JOB_UID`` and the GPUs (``job_gpus``).  The prolog asks the daemon to make the
+GPUs the job's claim (``Manager.ClaimJob``), the epilog to end it (``ReleaseJob``).
+
+slurmd makes every job wait for the prolog, so the hooks are lean: ``gpuctl`` sends them
+here before loading its command line (``resourced.gpuctl``), they import no D-Bus library
+and make their one call with ``busctl`` (a C program).  Python's D-Bus client would cost
+every job about 25 ms more of imports.  The daemon is the system service's, or the one
+``$RESOURCED_BUS`` names (``session``, ``shared``).
 
 Neither ever stops a job: Slurm drains a node whose prolog or epilog fails, so once run
-by slurmd they exit 0 whatever happens, within ``DEADLINE`` seconds, and say what went
+by slurmd they exit 0 whatever happens, within ``DEADLINE`` seconds (every wait has a
+deadline; busctl is killed past its own), and say what went
 wrong on stderr and in syslog (ident ``gpuctl-slurm``).  Exit 2 only when not run by
 slurmd at all (no ``SLURM_JOB_ID``).
 """
 
 import os
-import re
-import signal
+import select
 import sys
 import time
 
@@ -27,11 +32,7 @@ GPU_VARIABLES = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES")
 get ``SLURM_JOB_GPUS``; a task gets ``SLURM_STEP_GPUS`` and ``CUDA_VISIBLE_DEVICES``."""
 EXIT_OK = 0
 EXIT_USAGE = 2
-_JOB_NAME = re.compile(r"\bJobName=(.*?) UserId=")
-
-
-class _Late(Exception):
-    """The deadline passed."""
+_MANAGER = ("org.resourced", "/org/resourced", "org.resourced.Manager")
 
 
 def job_gpus(environ) -> list[str]:
@@ -53,17 +54,10 @@ def run(hook: str, environ=os.environ) -> int:
               "SLURM_JOB_ID is not set", file=sys.stderr)
         return EXIT_USAGE
     start = time.monotonic()
-    previous = signal.signal(signal.SIGALRM, _late)
-    signal.setitimer(signal.ITIMER_REAL, DEADLINE)
     try:
         (_prolog if hook == "prolog" else _epilog)(job, environ, start)
-    except _Late:
-        _warn(f"{hook} of Slurm job {job}: gave up after {DEADLINE:g} s; the job goes on")
     except Exception as exc:  # noqa: BLE001 - a hook must never fail a job: log, exit 0
         _warn(f"{hook} of Slurm job {job}: {exc}")
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
     return EXIT_OK
 
 
@@ -71,38 +65,92 @@ def _prolog(job: str, environ, start: float) -> None:
     gpus = job_gpus(environ)
     if not gpus:
         return  # no GPU here: nothing to claim
-    uid = int(environ["SLURM_JOB_UID"]) if environ.get("SLURM_JOB_UID", "").isdigit() else None
+    uid = environ.get("SLURM_JOB_UID", "")
     name = environ.get("SLURM_JOB_NAME", "")
-    lookup = None if name else _ask_job_name(job, environ)  # runs while the client loads
-    with _client(start) as client:
-        client.claim_job(job, gpus, uid, _printable(name))
+    lookup = None if name else _ask_job_name(job, environ)
+    options = [*(["UID", "u", uid] if uid.isdigit() else []),
+               *(["Name", "s", _printable(name)] if name else [])]
+    _call(environ, _left(start), "ClaimJob", "sasa{sv}", job, str(len(gpus)), *gpus,
+          str(len(options) // 3), *options)
     if lookup is not None:
-        _name_later(job, lookup)
+        _name_later(job, lookup, environ)
 
 
-def _name_later(job: str, lookup) -> None:
+def _epilog(job: str, environ, start: float) -> None:
+    """The job has ended: its claim ends before the epilog does, so that the next job
+    on these GPUs (which slurmd starts only after the epilog) finds them free."""
+    _call(environ, _left(start), "ReleaseJob", "s", job)
+
+
+def _name_later(job: str, lookup: tuple[int, int], environ) -> None:
     """The job starts now; a child of ours names the job's claim once slurmctld has
-    answered, so the job does not wait for that."""
+    answered (ClaimJob with a Name and no GPUs), so the job does not wait for that."""
     if not _detached():
+        os.close(lookup[1])
         return
     try:
         name = _job_name(lookup)
         if name:
-            from .client import Client
-
-            with Client(timeout=NAME_TIMEOUT) as client:
-                client.claim_job(job, [], None, _printable(name))
+            _call(environ, NAME_TIMEOUT, "ClaimJob", "sasa{sv}", job, "0", "1", "Name", "s",
+                  _printable(name))
     except Exception as exc:  # noqa: BLE001 - to syslog; the job goes on regardless
         _warn(f"prolog of Slurm job {job}: could not name its claim: {exc}")
     finally:
         os._exit(0)
 
 
-def _epilog(job: str, environ, start: float) -> None:
-    """The job has ended: its claim ends before the epilog does, so that the next job
-    on these GPUs (which slurmd starts only after the epilog) finds them free."""
-    with _client(start) as client:
-        client.release_job(job)
+def _call(environ, timeout: float, method: str, *args: str) -> None:
+    """One call to the daemon's Manager with busctl; RuntimeError says why it failed."""
+    bus = environ.get("RESOURCED_BUS", "")
+    if bus == "shared":
+        from .shared_address import target
+
+        where = [f"--address={target(environ).address}"]
+    else:
+        where = ["--user"] if bus == "session" else ["--system"]
+    pid, out = _spawn(["busctl", *where, f"--timeout={timeout:.3f}", "call", *_MANAGER,
+                       method, *args], environ)
+    text, ended = _read_all(out, time.monotonic() + timeout + 0.1)
+    if not ended:  # busctl outlived its own timeout
+        os.kill(pid, 9)  # SIGKILL (the signal module would cost every job 8 ms of imports)
+    _, status = os.waitpid(pid, 0)
+    if not ended:
+        raise RuntimeError(f"no answer in {timeout:.1f} s; the job goes on")
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(text.strip() or f"busctl {method} failed")
+
+
+def _spawn(argv: list[str], environ) -> tuple[int, int]:
+    """Start ``argv`` (from $PATH) with stdout and stderr into a pipe: (pid, its read end)."""
+    read, write = os.pipe()
+    actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+               (os.POSIX_SPAWN_DUP2, write, 1), (os.POSIX_SPAWN_DUP2, write, 2),
+               (os.POSIX_SPAWN_CLOSE, read)]
+    try:
+        pid = os.posix_spawnp(argv[0], argv, dict(environ), file_actions=actions)
+    finally:
+        os.close(write)
+    return pid, read
+
+
+def _read_all(fd: int, deadline: float) -> tuple[str, bool]:
+    """What a child writes to ``fd`` until it closes it or ``deadline`` passes, and
+    whether it closed it (its end, normally)."""
+    chunks, ended = [], False
+    try:
+        while (left := deadline - time.monotonic()) > 0 and select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                ended = True
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode(errors="replace"), ended
+
+
+def _left(start: float) -> float:
+    return max(0.1, DEADLINE - 0.1 - (time.monotonic() - start))
 
 
 def _detached() -> bool:
@@ -117,50 +165,26 @@ def _detached() -> bool:
     return True
 
 
-def _client(start: float):
-    from .client import Client
-
-    return Client(timeout=max(0.1, DEADLINE - (time.monotonic() - start)))
-
-
-def _ask_job_name(job: str, environ):
+def _ask_job_name(job: str, environ) -> tuple[int, int] | None:
     """Start asking slurmctld for the job's name (22.05 gives the prolog no
-    SLURM_JOB_NAME): the running ``scontrol``, or None without one."""
-    import shutil
-    import subprocess
-
-    scontrol = shutil.which("scontrol", path=environ.get("PATH") or "/usr/bin:/usr/local/bin")
-    if scontrol is None:
-        return None
+    SLURM_JOB_NAME): the running ``scontrol`` (pid, output), or None without one."""
     try:
-        return subprocess.Popen([scontrol, "show", "job", "-o", job], env=dict(environ),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, text=True)
+        return _spawn(["scontrol", "show", "job", "-o", job], environ)
     except OSError:
         return None
 
 
-def _job_name(lookup) -> str:
+def _job_name(lookup: tuple[int, int]) -> str:
     """The name ``scontrol`` answers with; "" if it does not in NAME_TIMEOUT."""
-    import subprocess
-
-    try:
-        out, _ = lookup.communicate(timeout=NAME_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        lookup.kill()
-        lookup.wait()
-        return ""
-    found = _JOB_NAME.search(out)
-    return found.group(1) if found else ""
+    text, _ = _read_all(lookup[1], time.monotonic() + NAME_TIMEOUT)  # (not our child now)
+    start = text.find(" JobName=")  # "JobId=1234 JobName=train.sh UserId=alice(1000) ..."
+    end = text.find(" UserId=", start)
+    return text[start + len(" JobName="):end] if 0 <= start < end else ""
 
 
 def _printable(text: str, limit: int = 100) -> str:
     """A job name fit for a label: one line, at most ``limit`` characters."""
     return "".join(c if c.isprintable() else "?" for c in text)[:limit]
-
-
-def _late(signum, frame):
-    raise _Late
 
 
 def _warn(message: str) -> None:
@@ -170,4 +194,3 @@ def _warn(message: str) -> None:
     print(f"gpuctl: {message}", file=sys.stderr)
     syslog.openlog("gpuctl-slurm", syslog.LOG_PID, syslog.LOG_DAEMON)
     syslog.syslog(syslog.LOG_WARNING, message)
-

@@ -195,7 +195,9 @@ def test_gpuctl_slurm_config_is_accepted_by_slurmd(rig, clean_claims):
         assert check.returncode == 0 and check.stdout.startswith(f"NodeName={NODE}"), check
         cluster.start()  # returns once the node is IDLE
         shown = cluster.run("scontrol", "show", "node", NODE, "-o").stdout
-        assert "Gres=gpu:simulated:4" in shown, shown
+        gpus = json.loads(ok(rig.gpuctl(None, "status", "--json")))["gpus"]
+        slurms = sum(g["slurm"] for g in gpus) or len(gpus)  # [slurm] gpus, else all
+        assert f"Gres=gpu:simulated:{slurms}" in shown, shown
     finally:
         cluster.stop()
 
