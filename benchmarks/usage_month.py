@@ -55,13 +55,15 @@ def fill(state: Path, days: int, interval: int, holds_per_day: int, end: int) ->
         with store.db:
             store.db.execute("BEGIN")
             store.db.executemany(sql, rows)
+        holds = []
         for i in range(holds_per_day):
             begin = t0 + rng.randrange(DAY)
             length = rng.randrange(600, 8 * 3600) * 1_000_000
             held = tuple(rng.sample(gpus, rng.randint(1, 4)))
-            store.record_hold(Hold(f"d{day}h{i}", rng.choice(["claim", "booking"]),
-                                   2000 + rng.randrange(12), f"user{rng.randrange(12)}", held,
-                                   begin, begin + length, int(length * rng.random())))
+            holds.append(Hold(f"d{day}h{i}", rng.choice(["claim", "booking"]),
+                              2000 + rng.randrange(12), f"user{rng.randrange(12)}", held,
+                              begin, begin + length, int(length * rng.random())))
+        store.record_holds(holds)
         for hour in range(24):  # the daemon prunes once an hour
             store.prune(t0 + (hour + 1) * HOUR, keep)
     store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -31,7 +31,7 @@ from .bus.names import BUS_NAME
 from .bus.polkit import SharedAccess
 from .calendar_store import CalendarStore
 from .config import Config, ConfigError, find_config, load_config, reload_changes
-from .engine import Engine
+from .engine import Engine, after_reply
 from .evidence.host import host_pools
 from .evidence.processes import boot_id
 from .health_monitor import HealthMonitor
@@ -116,6 +116,26 @@ def status_line(engine: Engine) -> str:
     ledger = engine.ledger
     return (f"{len(ledger.gpus)} GPU(s), {engine.free_count()} free, "
             f"{len(ledger.claims)} claim(s)")
+
+
+def _status_notifier(engine: Engine):
+    """An engine listener that tells the service manager the new STATUS= after a change:
+    once the reply has gone out, once for the changes of one loop turn, and only when it
+    reads otherwise (it sent a datagram before every reply, from a new socket)."""
+    last, pending = [""], [False]
+
+    def send() -> None:
+        pending[0] = False
+        text = status_line(engine)
+        if text != last[0]:
+            last[0] = text
+            notify(f"STATUS={text}")
+
+    def changed(_events) -> None:
+        if not pending[0]:
+            pending[0] = True
+            after_reply(send)
+    return changed
 
 
 class Reloader:
@@ -327,7 +347,8 @@ async def serve(args: argparse.Namespace) -> int:
         "resourced %s serving %d GPU(s) (%s backend) on the %s bus",
         __version__, len(engine.ledger.gpus), engine.backend.name, args.mode,
     )
-    engine.subscribe(lambda _events: notify(f"STATUS={status_line(engine)}"))
+    if os.environ.get("NOTIFY_SOCKET"):  # (read once: so does every notify)
+        engine.subscribe(_status_notifier(engine))
     notify("READY=1", f"STATUS={status_line(engine)}")
     interval = watchdog_interval()
     watchdog = asyncio.ensure_future(run_watchdog(interval)) if interval else None

@@ -100,6 +100,11 @@ MAX_DURATION = 10 * 365 * 86400
 """The longest a claim may ask to last (seconds)."""
 PRUNE_INTERVAL = 3600 * 1_000_000
 """Microseconds between forgetting ended bookings past their retention."""
+HOLDS_WRITTEN_AFTER = 1.0
+"""Seconds an ended claim's hold may wait to be written to the usage history, with the
+others of that second, in one transaction (before any read of the history, and at
+close).  A crash loses at most these, as the history's own WAL may lose its last
+commits: a write for every release cost about a twentieth of a claim and release."""
 JOB_START_GRACE = 60 * 1_000_000
 """Microseconds a Slurm job's claim waits for the job's first process (its prolog runs
 before any); one that never came ends then (the epilog may have been missed)."""
@@ -168,6 +173,8 @@ class Engine(CalendarOperations):
         self.used_usec: dict[str, int] = {}  # claim id -> time its owner was seen using it
         self._granted_at: dict[str, int] = {}  # claim id -> when it was granted (this run)
         self._looked = 0  # when _observe_use last looked
+        self._holds: list[UsageHold] = []  # ended holds not yet written (HOLDS_WRITTEN_AFTER)
+        self._holds_due: asyncio.TimerHandle | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self, restored: dict[str, Claim] | None = None) -> None:
@@ -229,6 +236,7 @@ class Engine(CalendarOperations):
             self._alarm.cancel()
         if self._watcher:
             self._watcher.close()
+        self._write_holds()
 
     def apply_settings(self, settings: DaemonConfig) -> None:
         """Take new [daemon] settings on a reload (those that need no restart)."""
@@ -270,6 +278,8 @@ class Engine(CalendarOperations):
         if len(member_pids) > MAX_MEMBERS:
             raise InvalidRequest(f"{len(member_pids)} member pids given, at most {MAX_MEMBERS} "
                                  "may be (the daemon adopts their descendants by itself)")
+        look = (self.probe.begin()  # the request is checked meanwhile
+                if demand.gpus or demand.vram or self.ledger.waiting_for_gpus() else None)
         pinned = [_callers_process(caller, caller.pid if owner_pid is None else owner_pid, "owner")]
         try:
             session = self._session_of(pinned[0][0].pid, session)
@@ -287,7 +297,7 @@ class Engine(CalendarOperations):
                                    end_usec=0 if duration is None else now + int(duration * 1e6))
             busy, warnings = frozenset(), []
             if demand.gpus or demand.vram or self.ledger.waiting_for_gpus():
-                busy, warnings = self._busy_gpus(await self.probe.processes())
+                busy, warnings = self._busy_gpus(await self.probe.processes(look))
             # The decision: synchronous from here on, on the ledger as it is now.
             claim_id = self._new_id()
             ledger = copy.deepcopy(self.ledger) if dry_run else self.ledger
@@ -782,9 +792,19 @@ class Engine(CalendarOperations):
         granted = self._granted_at.pop(claim.id, claim.created_usec)
         if self.usage_store is None or claim.state != GRANTED or not claim.gpus:
             return
-        hold = self._hold_of(claim, self.clock(), used, granted)
-        asyncio.get_running_loop().call_soon(self._write_usage, self.usage_store.record_hold,
-                                             hold)
+        self._holds.append(self._hold_of(claim, self.clock(), used, granted))
+        if self._holds_due is None:
+            self._holds_due = asyncio.get_running_loop().call_later(HOLDS_WRITTEN_AFTER,
+                                                                    self._write_holds)
+
+    def _write_holds(self) -> None:
+        """The ended holds not yet in the usage history, in one transaction."""
+        if self._holds_due is not None:
+            self._holds_due.cancel()
+            self._holds_due = None
+        holds, self._holds = self._holds, []
+        if holds:
+            self._write_usage(self.usage_store.record_holds, holds)
 
     def _hold_of(self, claim: Claim, now: int, used: int, granted: int | None = None
                  ) -> UsageHold:
@@ -823,6 +843,7 @@ class Engine(CalendarOperations):
         """Held, used and idle GPU-hours per user (or per GPU, with mean load) within the
         window: the history, and the live claims so far."""
         now = self.clock()
+        self._write_holds()  # the history read whole
         holds = self.usage_store.holds(since_usec, until_usec, uid) if self.usage_store else []
         holds += [self._hold_of(c, now, self.used_usec.get(c.id, 0))
                   for c in self.ledger.claims.values()
@@ -931,7 +952,7 @@ class Engine(CalendarOperations):
                     undo()
                     raise Internal("the daemon cannot record claims; see its log") from exc
         # The audit lines are written after the reply: the log is not on the caller's clock.
-        asyncio.get_running_loop().call_soon(self._audit_all, events)
+        after_reply(self._audit_all, events)
         for listener in self._listeners:
             listener(events)
         if any(isinstance(e, ClaimReleased) for e in events):
@@ -972,6 +993,18 @@ class Engine(CalendarOperations):
             except (TimeoutError, KeyError):
                 return str(uid)
         return self._user_names[uid]
+
+
+def after_reply(fn, *args) -> None:
+    """Call ``fn(*args)`` once the reply to the bus call being handled has gone out.
+
+    dbus-fast sends an ``async`` method's reply from a callback that its task schedules on
+    returning, so it comes after anything the method itself scheduled with ``call_soon``:
+    this waits one loop turn more.  (With one turn, the audit lines and the usage history
+    were written before the reply: about a third of the time a claim and its release
+    took to answer.)"""
+    loop = asyncio.get_running_loop()
+    loop.call_soon(loop.call_soon, fn, *args)
 
 
 def _callers_process(caller: Caller, pid: int, role: str) -> tuple[ProcessRef, int]:

@@ -8,6 +8,7 @@ each health check allow one at a time).
 """
 
 import asyncio
+import queue
 import threading
 from concurrent.futures import Executor, Future
 
@@ -33,6 +34,39 @@ class DaemonThreads(Executor):
 
         threading.Thread(target=work, name=self.name, daemon=True).start()
         return future
+
+
+class OneThread(Executor):
+    """Runs calls in one daemon thread of its own, made at the first call and kept: for a
+    caller with at most one call in flight (the GPU probe), which must never submit
+    while a call hangs, since the next would wait behind it.  Starting a thread cost
+    more than the look it made (a claim and its release each look once)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future: Future = Future()
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
+            self._thread.start()
+        self._calls.put((future, fn, args, kwargs))
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            future, fn, args, kwargs = self._calls.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting coroutine
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            del future, fn, args, kwargs  # nothing held while waiting for the next
 
 
 _BLOCKING = DaemonThreads("resourced-io")

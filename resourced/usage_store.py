@@ -6,7 +6,9 @@ time a process of its owner was seen on them) and ``load`` (per GPU, the sums of
 utilisation and memory samples in buckets of a minute, an hour and a day).  Old rows go
 by the retention settings, so the file stays bounded: minutes go first, then hours;
 holds and days last.  WAL with synchronous=NORMAL: a commit does not wait for the disk
-(a crash may lose the last few samples, never the file).
+(a crash may lose the last few samples, never the file).  The engine writes the holds
+that ended within a second together (``record_holds``), so a crash of the daemon may
+lose that second's too.
 """
 
 import sqlite3
@@ -45,10 +47,13 @@ class UsageStore:
         self.db.executescript(SCHEMA)
         self.path.chmod(0o600)
 
-    def record_hold(self, hold: Hold) -> None:
-        self.db.execute("INSERT OR REPLACE INTO holds VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        (hold.id, hold.kind, hold.uid, hold.user, ",".join(hold.gpus),
-                         hold.start_usec, hold.end_usec, hold.used_usec))
+    def record_holds(self, holds: list[Hold]) -> None:
+        """Several holds in one transaction."""
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.executemany("INSERT OR REPLACE INTO holds VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                [(h.id, h.kind, h.uid, h.user, ",".join(h.gpus), h.start_usec,
+                                  h.end_usec, h.used_usec) for h in holds])
 
     def record_load(self, now: int, loads: dict[str, GpuLoad]) -> None:
         """Add one sample per GPU to its bucket of each resolution (one transaction)."""

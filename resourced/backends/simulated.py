@@ -36,6 +36,8 @@ class SimulatedBackend:
         self.path = path
         self.blocking = path is not None  # a count is answered from memory
         self._read: tuple | None = None  # (the file's identity, its entries, hang) last read
+        self._uuids = [simulated_uuid(i) for i in range(count or 0)]  # (a count's, made once)
+        self._listed: tuple | None = None  # (entries, processes) of the file's last version
 
     @classmethod
     def from_setting(cls, value: str) -> "SimulatedBackend":
@@ -70,8 +72,11 @@ class SimulatedBackend:
     def processes(self) -> dict[str, list[GpuProcess]]:
         """One reading of the file, so GPUs and processes always come from the same state."""
         if self.path is None:  # N idle GPUs
-            return {simulated_uuid(i): [] for i in range(self.count or 0)}
-        return {_gpu(e).uuid: _processes(e) for e in self._entries()}
+            return {uuid: [] for uuid in self._uuids}
+        entries = self._entries()
+        if self._listed is None or self._listed[0] is not entries:  # made once per version
+            self._listed = (entries, {_gpu(e).uuid: _processes(e) for e in entries})
+        return {uuid: list(procs) for uuid, procs in self._listed[1].items()}
 
 
     def load(self) -> dict[str, GpuLoad]:

@@ -32,12 +32,22 @@
 - Signals sent together go out in one write (``batch``): the manager sends the handful
   that follow a claim or a release so, and the bus daemon wakes once for them, not once
   each.
+- An ``async`` method starts at once (``_make_method_handler``).  dbus-fast made a task
+  for each call, which ran a loop turn later, and sent the reply from a callback one
+  more turn after it returned; a claim and a release (that await nothing when the GPU
+  backend answers at once) spent two turns each on that.  The method now runs until it
+  first waits, in the callback that read the call, as an eager task does (Python 3.12's
+  ``eager_start``, or the same by hand on 3.11), and a method done by then is answered
+  at once.
 """
 
+import asyncio
 import contextlib
 import inspect
 import logging
 import socket
+import sys
+import types
 from functools import partial
 
 from dbus_fast import Message, Variant
@@ -46,6 +56,11 @@ from dbus_fast.service import ServiceInterface, _Property
 from dbus_fast.signature import get_signature_tree
 
 from .names import MANAGER_PATH
+
+try:  # dbus-fast's own names for what its handler does; another version: its handler
+    from dbus_fast.aio.message_bus import NO_REPLY_EXPECTED_VALUE, _block_unexpected_reply
+except ImportError:
+    NO_REPLY_EXPECTED_VALUE = _block_unexpected_reply = None
 
 log = logging.getLogger("resourced")
 
@@ -83,6 +98,16 @@ def property_values(interface: ServiceInterface) -> dict[str, Variant]:
     if rows is None:
         rows = _getters[cls] = _readable(cls)
     return {name: Variant(kind, getter(interface), False) for name, kind, getter in rows}
+
+
+def changed_values(cls: type, changed: dict) -> dict[str, Variant]:
+    """``changed`` (property name: value) as ``emit_properties_changed`` sends it for an
+    interface of class ``cls``: in the interface's order, typed by its signatures; no
+    instance needed, exported or not."""
+    rows = _getters.get(cls)
+    if rows is None:
+        rows = _getters[cls] = _readable(cls)
+    return {name: Variant(kind, changed[name]) for name, kind, _ in rows if name in changed}
 
 
 class _PatientSocket:
@@ -179,6 +204,43 @@ class DaemonBus(MessageBus):
             joined.add_done_callback(partial(_settle, futures))
             self._writer.schedule_write(_Joined(data), joined)
 
+    def _make_method_handler(self, interface: ServiceInterface, method):
+        """dbus-fast's handler, but an ``async`` method starts at once (module docstring),
+        where this dbus-fast has what that needs (``eager_methods``)."""
+        if not (inspect.iscoroutinefunction(method.fn) and eager_methods(self)):
+            return super()._make_method_handler(interface, method)
+        to_args = ServiceInterface._msg_body_to_args
+        to_body = ServiceInterface._fn_result_to_body
+
+        def reply(msg: Message, send_reply, result) -> None:
+            body, fds = to_body(result, method.out_signature_tree,
+                                replace_fds=self._negotiate_unix_fd)
+            send_reply(Message.new_method_return(msg, method.out_signature, body, fds))
+
+        def handler(msg: Message, send_reply) -> None:
+            replying = send_reply is not _block_unexpected_reply and not (
+                msg.flags.value & NO_REPLY_EXPECTED_VALUE)
+            task = _start(method.fn(interface, *(to_args(msg) if msg.unix_fds else msg.body)))
+            if task.done():
+                self._answer(task, msg, send_reply, replying, reply)
+                return
+            self._pending_futures.add(task)  # held until done, as dbus-fast does
+            task.add_done_callback(self._pending_futures.discard)
+            task.add_done_callback(
+                lambda done: self._answer(done, msg, send_reply, replying, reply))
+
+        return handler
+
+    def _answer(self, task: asyncio.Future, msg: Message, send_reply, replying: bool,
+                reply) -> None:
+        """The reply (or error) for a method's finished task, as dbus-fast sends it."""
+        if not replying:
+            self._pending_futures.add(task)
+            self._future_exception_no_reply(task)  # logs what went wrong, if anything
+            return
+        with send_reply:
+            reply(msg, send_reply, task.result())
+
     async def connect(self) -> "DaemonBus":
         await super().connect()
         self._writer.sock = _PatientSocket(self._writer.sock)
@@ -211,6 +273,13 @@ class DaemonBus(MessageBus):
         connection (an interface exported on two buses would signal on both)."""
         for interface, path in list(self._path_of.items()):
             self.unexport(path, interface, announce=False)
+
+    def emit(self, path: str, interface: str, member: str, signature: str, body: list) -> None:
+        """A signal from ``path``, as an interface exported there would send it, whether
+        one is or not (a claim's object is made only when something calls it)."""
+        if not self._disconnected:
+            self.send(Message.new_signal(path=path, interface=interface, member=member,
+                                         signature=signature, body=body))
 
     # -- the object manager ------------------------------------------------------------
     def interfaces_added(self, path: str, interfaces: dict[str, dict[str, Variant]],
@@ -268,3 +337,52 @@ class DaemonBus(MessageBus):
         self.send(Message.new_signal(path=self._path_of[interface], interface=interface_name,
                                      member=member, signature=signature, body=body,
                                      unix_fds=list(unix_fds)))
+
+
+def eager_methods(bus: MessageBus) -> bool:
+    """Whether this dbus-fast has the internals the eager handler uses (5.2 has them; a
+    test says so, so that a new version that drops one is noticed, not just slower)."""
+    return (_block_unexpected_reply is not None and hasattr(bus, "_pending_futures")
+            and hasattr(bus, "_future_exception_no_reply")
+            and hasattr(ServiceInterface, "_msg_body_to_args")
+            and hasattr(ServiceInterface, "_fn_result_to_body"))
+
+
+def _start(coro) -> asyncio.Future:
+    """A task for ``coro`` that has already run until it first waits (done, if it never
+    does), in the calling callback."""
+    if sys.version_info >= (3, 12):
+        return asyncio.Task(coro, eager_start=True)
+    future = asyncio.get_running_loop().create_future()
+    try:
+        waiting_on = coro.send(None)
+    except StopIteration as done:
+        future.set_result(done.value)
+        return future
+    except Exception as exc:  # noqa: BLE001 - held for the reply, as a task would hold it
+        future.set_exception(exc)
+        return future
+    return asyncio.ensure_future(_go_on(coro, waiting_on))
+
+
+@types.coroutine
+def _go_on(coro, waiting_on):
+    """The rest of a coroutine that already ran until it yielded ``waiting_on`` (what it
+    awaits), for a task to drive as if it had run it from the start."""
+    to_yield = waiting_on
+    while True:
+        try:
+            sent = yield to_yield
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:  # noqa: BLE001 - thrown in by the task: into the coroutine
+            try:
+                to_yield = coro.throw(exc)
+            except StopIteration as done:
+                return done.value
+            continue
+        try:
+            to_yield = coro.send(sent)
+        except StopIteration as done:
+            return done.value

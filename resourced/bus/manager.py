@@ -7,9 +7,11 @@ objects and emits signals and PropertiesChanged, once per change.
 Claim objects are exported when first needed, not at every claim: a dbus-fast object
 costs about 100 us and a few kB, which a daemon holding 10,000 claims should not pay
 for objects nobody looks at.  A claim's object appears the moment anything needs it:
-a call to its path, a signal it must emit, an Introspect of a path above it (so
-``busctl tree`` shows every claim) or ``GetManagedObjects``.  To a client it is there
-from the ``ClaimNew`` on, as before.
+a call to its path, a signal it must emit (except a waiter's ``Granted``, ``Cancelled``
+and state change, sent from its path without one: an object for each waiter cost more
+than the rest of its wait), an Introspect of a path above it (so ``busctl tree`` shows
+every claim) or ``GetManagedObjects``.  To a client it is there from the ``ClaimNew``
+on, as before.
 
 ``/org/resourced`` is also an ``org.freedesktop.DBus.ObjectManager`` (see
 ``connection.py``).  The bus announces the objects exported at start (GPUs, pools,
@@ -64,7 +66,7 @@ from .bookings import (
 )
 from .caller import Credentials, current_call
 from .claim import ClaimInterface
-from .connection import property_values
+from .connection import changed_values, property_values
 from .describe import StateView
 from .errors import bus_errors
 from .gpu import GpuInterface
@@ -88,6 +90,7 @@ from .polkit import CLAIM, MANAGE, RELEASE_OTHER, RESERVE, Authority, GroupAutho
 from .pool import PoolInterface
 
 R = PropertyAccess.READ
+PROPERTIES_IFACE = "org.freedesktop.DBus.Properties"
 
 CLAIM_OPTIONS = {
     "Mode": "s", "OwnerPID": "u", "MemberPIDs": "au", "Label": "s", "TaskName": "s",
@@ -154,7 +157,7 @@ class ManagerInterface(Interface):
         self._bind(bus)
         self._gpus: dict[str, GpuInterface] = {}
         self._claims: dict[str, ClaimInterface] = {}  # the claim objects exported so far
-        self._waiting: set[str] = set()  # queued claims (their objects are always exported)
+        self._waiting: set[str] = set()  # queued claims (their outcome is signalled so)
         self._users: dict[int, UserInterface] = {}  # per-user signal objects, made when needed
         self._texts = BookingTexts()
         self.view = StateView(engine, mode, health)
@@ -192,9 +195,7 @@ class ManagerInterface(Interface):
         for pool in self.engine.ledger.pools.values():
             self._pools[pool.name] = PoolInterface(pool, self.engine.ledger)
             self.bus.export(pool_path(pool.name), self._pools[pool.name])
-        for claim in self.engine.ledger.queue():
-            self._waiting.add(claim.id)
-            self._claim_object(claim.id)
+        self._waiting.update(claim.id for claim in self.engine.ledger.queue())
         self.bus.add_message_handler(self._export_claims_for)
         self._export_checks()
 
@@ -666,25 +667,27 @@ class ManagerInterface(Interface):
         for event in events:
             claim = event.claim
             self.view.changed(claim.id)  # whatever the event, the record changed
-            if isinstance(event, ClaimQueued):  # a waiter listens on its object: export it
+            if isinstance(event, ClaimQueued):  # its object is made when a call needs it
                 self._waiting.add(claim.id)
-                self._claim_object(claim.id)
                 out.append((self._claim_added, claim))
                 out.append((self.ClaimNew, claim.id, claim_path(claim.id)))
             elif isinstance(event, ClaimGranted) and claim.id not in self._waiting:
                 out.append((self._claim_added, claim))
                 out.append((self.ClaimNew, claim.id, claim_path(claim.id)))
-            elif isinstance(event, ClaimGranted):  # a waiter served
+            elif isinstance(event, ClaimGranted):  # a waiter served: from its path, object or not
                 self._waiting.discard(claim.id)
-                iface = self._claims[claim.id]
-                out.append((iface.emit_properties_changed,
-                            {"State": claim.state, "GPUUUIDs": list(claim.gpus)}))
-                out.append((iface.Granted, self.view.grant(claim)))
+                out.append((self.bus.emit, claim_path(claim.id), PROPERTIES_IFACE,
+                            "PropertiesChanged", "sa{sv}as", [CLAIM_IFACE, changed_values(
+                                ClaimInterface, {"State": claim.state,
+                                                 "GPUUUIDs": list(claim.gpus)}), []]))
+                out.append((self.bus.emit, claim_path(claim.id), CLAIM_IFACE, "Granted", "a{sv}",
+                            [self.view.grant(claim)]))
             elif isinstance(event, ClaimReleased):
                 iface = self._claims.pop(claim.id, None)
                 if claim.id in self._waiting:  # it left the queue ungranted
                     self._waiting.discard(claim.id)
-                    out.append((iface.Cancelled, event.reason))
+                    out.append((self.bus.emit, claim_path(claim.id), CLAIM_IFACE, "Cancelled",
+                                "s", [event.reason]))
                 if iface is not None:
                     out.append((self.bus.unexport, claim_path(claim.id), iface, False))
                 out.append((self.bus.interfaces_removed, claim_path(claim.id), (CLAIM_IFACE,)))

@@ -38,7 +38,6 @@ Every mutation returns the events it caused; the caller persists, then publishes
 """
 
 import bisect
-import copy
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -79,7 +78,15 @@ class _ClaimEvent:
     claim: Claim
 
     def __post_init__(self):
-        object.__setattr__(self, "claim", copy.copy(self.claim))
+        object.__setattr__(self, "claim", _copy(self.claim))
+
+
+def _copy(claim: Claim) -> Claim:
+    """A shallow copy, as ``copy.copy`` makes it, at a fifth of its cost (two per claim
+    and release)."""
+    new = object.__new__(Claim)
+    new.__dict__.update(claim.__dict__)
+    return new
 
 
 @dataclass(frozen=True)
@@ -113,7 +120,7 @@ class ReclaimAsked(_ClaimEvent):
 
     def __post_init__(self):
         super().__post_init__()
-        object.__setattr__(self, "waiter", copy.copy(self.waiter))
+        object.__setattr__(self, "waiter", _copy(self.waiter))
 
 
 @dataclass(frozen=True)
@@ -128,13 +135,13 @@ class UntilChanged(_ClaimEvent):
 
 
 @dataclass(frozen=True)
-class ClaimEnding(_ClaimEvent):
-    """A granted claim must give back soon (at ``claim.until_usec``): a warning."""
+class Relabelled(_ClaimEvent):
+    """A claim's label changed (a Slurm job's, once its prolog learnt the job's name)."""
 
 
 @dataclass(frozen=True)
-class Relabelled(_ClaimEvent):
-    """A claim's label changed (a Slurm job's, once its prolog learnt the job's name)."""
+class ClaimEnding(_ClaimEvent):
+    """A granted claim must give back soon (at ``claim.until_usec``): a warning."""
 
 
 @dataclass(frozen=True)

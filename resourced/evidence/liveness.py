@@ -3,6 +3,12 @@
 No polling: each watched process has one pidfd registered with the loop, however many
 keys (claims) watch it; it becomes readable when the process terminates (zombies
 included), and the callback runs once for each key that still watched it.
+
+A process nobody watches any more keeps its pidfd, registered, among the ``IDLE_KEPT``
+it last stopped watching: a process that claims and releases in a loop (a lease per
+work item) is then watched again without a new registration with the loop (two
+``epoll_ctl`` and a ``close`` per claim and release saved).  An idle process that exits
+is dropped then, with no callback: nobody watched it.
 """
 
 import asyncio
@@ -11,6 +17,9 @@ from collections.abc import Callable, Hashable
 
 from ..core.claims import ProcessRef
 from .processes import is_alive, open_pidfd
+
+IDLE_KEPT = 32
+"""Processes no key watches whose pidfds stay registered, for when they are watched again."""
 
 
 class ExitWatcher:
@@ -22,6 +31,7 @@ class ExitWatcher:
         self._fds: dict[ProcessRef, int] = {}
         self._keys: dict[ProcessRef, set[Hashable]] = {}  # who watches each process
         self._ref_of: dict[Hashable, ProcessRef] = {}
+        self._idle: dict[ProcessRef, None] = {}  # watched by no key, oldest first
 
     def watch(self, key: Hashable, ref: ProcessRef) -> bool:
         """Start watching; False (and no callback) if the process is already gone.
@@ -56,7 +66,9 @@ class ExitWatcher:
         keys = self._keys[ref]
         keys.discard(key)
         if not keys:
-            self._drop(ref)
+            self._idle[ref] = None
+            if len(self._idle) > IDLE_KEPT:
+                self._drop(next(iter(self._idle)))
 
     def close(self) -> None:
         for ref in list(self._fds):
@@ -69,12 +81,14 @@ class ExitWatcher:
         self._loop.add_reader(fd, self._exited, ref)
 
     def _join(self, key: Hashable, ref: ProcessRef) -> None:
+        self._idle.pop(ref, None)
         self._keys[ref].add(key)
         self._ref_of[key] = ref
 
     def _drop(self, ref: ProcessRef) -> None:
         fd = self._fds.pop(ref)
         del self._keys[ref]
+        self._idle.pop(ref, None)
         self._loop.remove_reader(fd)
         os.close(fd)
 

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from resourced.core.claims import ProcessRef
-from resourced.evidence.liveness import ExitWatcher
+from resourced.evidence.liveness import IDLE_KEPT, ExitWatcher
 from resourced.evidence.processes import (
     boot_id,
     is_alive,
@@ -206,3 +206,74 @@ def test_watching_a_live_process_with_no_descriptor_left_raises_not_gone():
 def test_a_pid_beyond_pid_max_is_no_process(pid):
     assert pid > pid_max()
     assert pin_process(pid) is None
+
+
+def _child() -> subprocess.Popen:
+    return subprocess.Popen(["sleep", "30"])
+
+
+def test_a_process_watched_again_keeps_its_registration_and_its_exit_is_still_heard():
+    async def test():
+        exited = []
+        watcher = ExitWatcher(asyncio.get_running_loop(), exited.append)
+        child = _child()
+        ref = process_ref(child.pid)
+        try:
+            assert watcher.watch("c1", ref)
+            fd = watcher._fds[ref]
+            watcher.forget("c1")  # idle: kept, registered
+            assert watcher._fds[ref] == fd and not exited
+            assert watcher.watch("c2", ref)
+            assert watcher._fds[ref] == fd  # the same pidfd, not a new registration
+            child.kill()
+            child.wait()
+            for _ in range(200):
+                if exited:
+                    break
+                await asyncio.sleep(0.01)
+            assert exited == ["c2"]
+            assert ref not in watcher._fds
+        finally:
+            watcher.close()
+            child.kill()
+            child.wait()
+    asyncio.run(test())
+
+
+def test_an_idle_process_that_exits_is_dropped_without_a_callback():
+    async def test():
+        exited = []
+        watcher = ExitWatcher(asyncio.get_running_loop(), exited.append)
+        child = _child()
+        ref = process_ref(child.pid)
+        try:
+            watcher.watch("c1", ref)
+            watcher.forget("c1")
+            child.kill()
+            child.wait()
+            for _ in range(200):
+                if ref not in watcher._fds:
+                    break
+                await asyncio.sleep(0.01)
+            assert ref not in watcher._fds and exited == []
+        finally:
+            watcher.close()
+    asyncio.run(test())
+
+
+def test_only_the_last_idle_processes_keep_their_pidfds():
+    async def test():
+        watcher = ExitWatcher(asyncio.get_running_loop(), lambda key: None)
+        children = [_child() for _ in range(IDLE_KEPT + 2)]
+        try:
+            refs = [process_ref(c.pid) for c in children]
+            for i, ref in enumerate(refs):
+                watcher.watch(i, ref)
+                watcher.forget(i)
+            assert list(watcher._fds) == refs[2:]  # the two forgotten first are closed
+        finally:
+            watcher.close()
+            for c in children:
+                c.kill()
+                c.wait()
+    asyncio.run(test())

@@ -52,8 +52,8 @@ def test_pruning_keeps_what_each_retention_says(tmp_path):
     store = UsageStore(tmp_path)
     now = 100 * DAY
     store.record_load(now - 3 * DAY, {"g0": GpuLoad(1, 1)})
-    store.record_hold(hold("old", start=0, end=now - 50 * DAY))
-    store.record_hold(hold("new", start=now - H, end=now))
+    store.record_holds([hold("old", start=0, end=now - 50 * DAY),
+                        hold("new", start=now - H, end=now)])
     store.prune(now, {"minute": 2 * 86400, "hour": 90 * 86400, "day": 40 * 86400})
     resolutions = sorted(r for (r,) in store.db.execute("SELECT resolution FROM load"))
     assert resolutions == [3600, 86400]  # the minute row went, the hour and day stay
@@ -63,7 +63,7 @@ def test_pruning_keeps_what_each_retention_says(tmp_path):
 @pytest.mark.parametrize("uid, ids", [(None, {"a", "b"}), (1001, {"b"})])
 def test_holds_are_found_by_window_and_user(tmp_path, uid, ids):
     store = UsageStore(tmp_path)
-    store.record_hold(hold("a", start=0, end=H))
-    store.record_hold(hold("b", uid=1001, start=H, end=2 * H, gpus=("g0", "g1")))
+    store.record_holds([hold("a", start=0, end=H),
+                        hold("b", uid=1001, start=H, end=2 * H, gpus=("g0", "g1"))])
     assert {h.id for h in store.holds(0, 3 * H, uid)} == ids
     assert store.holds(H, 2 * H, 1001)[0].gpus == ("g0", "g1")
