@@ -10,7 +10,9 @@ ONE connection times, alternating blocks so both see the same machine state:
 
 Both through ``resourced.Client`` (blocking, jeepney) and ``resourced.AsyncClient``
 (asyncio, jeepney's router).  Prints p50, p99 and mean of each, and the ratio of the
-claim+release p50 to the ping p50.
+claim+release p50 to the ping p50; and the daemon's own CPU time per call of each kind
+(from ``/proc/PID/schedstat``, over each block: signals, audit lines and other work done
+after the reply count too), which other processes' load disturbs far less.
 
 Targets: ratio <= 4 (two round trips plus the daemon's work should cost at most twice
 what two bare round trips do); claim+release p99 < 5 ms.
@@ -51,14 +53,46 @@ def _schedule(n: int, block: int) -> list[str]:
     return order
 
 
-def run_blocking(n: int, warmup: int, block: int) -> dict[str, list[float]]:
+def _cpu_ns(daemon: int) -> int:
+    """Nanoseconds the daemon has run on a CPU so far."""
+    with open(f"/proc/{daemon}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
+class _DaemonCpu:
+    """The daemon's CPU time per kind of call, block by block (a block's last calls may
+    leave work behind that the next block pays for: blocks alternate, so it evens out)."""
+
+    def __init__(self, daemon: int):
+        self.daemon, self.kind, self.mark = daemon, None, 0
+        self.ns = {"ping": 0, "claim": 0}
+        self.calls = {"ping": 0, "claim": 0}
+
+    def call(self, kind: str, counting: bool) -> None:
+        if kind != self.kind:
+            now = _cpu_ns(self.daemon)
+            if self.kind is not None and counting:
+                self.ns[self.kind] += now - self.mark
+            self.kind, self.mark = kind, now
+        if counting:
+            self.calls[kind] += 1
+
+    def per_call_us(self) -> dict[str, float]:
+        """Microseconds per call of each kind, the last block closed now."""
+        self.ns[self.kind] += _cpu_ns(self.daemon) - self.mark
+        return {k: self.ns[k] / max(self.calls[k], 1) / 1e3 for k in self.ns}
+
+
+def run_blocking(n: int, warmup: int, block: int, daemon: int) -> dict[str, list[float]]:
     pid = os.getpid()
     clock = time.perf_counter_ns
+    cpu = _DaemonCpu(daemon)
     with Client(bus="session") as client:
         samples = _new_samples()
         for i, kind in enumerate(_schedule(warmup, block) + _schedule(n, block)):
             if i == 2 * warmup:
                 samples = _new_samples()  # the warm-up is over: start counting
+            cpu.call(kind, i >= 2 * warmup)
             if kind == "ping":
                 t0 = clock()
                 client.ping()
@@ -72,17 +106,20 @@ def run_blocking(n: int, warmup: int, block: int) -> dict[str, list[float]]:
                 samples["claim+release"].append(t2 - t0)
                 samples["  claim"].append(t1 - t0)
                 samples["  release"].append(t2 - t1)
+    samples["cpu"] = cpu.per_call_us()
     return samples
 
 
-async def run_async(n: int, warmup: int, block: int) -> dict[str, list[float]]:
+async def run_async(n: int, warmup: int, block: int, daemon: int) -> dict[str, list[float]]:
     pid = os.getpid()
     clock = time.perf_counter_ns
+    cpu = _DaemonCpu(daemon)
     async with AsyncClient(bus="session") as client:
         samples = _new_samples()
         for i, kind in enumerate(_schedule(warmup, block) + _schedule(n, block)):
             if i == 2 * warmup:
                 samples = _new_samples()
+            cpu.call(kind, i >= 2 * warmup)
             if kind == "ping":
                 t0 = clock()
                 await client.ping()
@@ -96,6 +133,7 @@ async def run_async(n: int, warmup: int, block: int) -> dict[str, list[float]]:
                 samples["claim+release"].append(t2 - t0)
                 samples["  claim"].append(t1 - t0)
                 samples["  release"].append(t2 - t1)
+    samples["cpu"] = cpu.per_call_us()
     return samples
 
 
@@ -113,6 +151,8 @@ def report(title: str, samples: dict[str, list[float]]) -> None:
           f"(target <= {TARGET_RATIO:g}: {'met' if ratio <= TARGET_RATIO else 'MISSED'})")
     print(f"  claim+release p99: {p99:.3f} ms   "
           f"(target < {TARGET_P99_MS:g} ms: {'met' if p99 < TARGET_P99_MS else 'MISSED'})")
+    cpu = samples["cpu"]
+    print(f"  daemon CPU per call: ping {cpu['ping']:.0f} us, claim+release {cpu['claim']:.0f} us")
 
 
 def main() -> None:
@@ -142,12 +182,12 @@ def main() -> None:
 
 
 def measure(gpus: int | str, args) -> None:
-    with daemon_on_private_bus(gpus):
+    with daemon_on_private_bus(gpus) as rig:
         report("Client (blocking, one jeepney connection)",
-               run_blocking(args.n, args.warmup, args.block))
+               run_blocking(args.n, args.warmup, args.block, rig.daemon.pid))
         if not args.no_async:
             report("AsyncClient (asyncio, one jeepney router)",
-                   asyncio.run(run_async(args.n, args.warmup, args.block)))
+                   asyncio.run(run_async(args.n, args.warmup, args.block, rig.daemon.pid)))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ script, driven through a small adapter over each library's documented API
     random moment 0..250 ms after the waiter queued, so reslock's polling phase is
     sampled fairly.  Target for resourced: median < 10 ms.
 (b) throughput and fairness: 8 processes loop acquire(1 unit) + release (no hold) for a
-    fixed wall time; grants per second in all, and grants per process (min, max).
+    fixed wall time; grants per second in all, and grants per process (min, max); for
+    resourced also the CPU its daemon and its bus used per grant (on 2 CPUs, the eight
+    clients, the bus and the daemon share what a grant may cost in all).
 (c) try_acquire + release latency, one process, nothing contending.
 (d) a SIGKILLed holder (reaped by its parent at once): from the kill to the grant of a
     process already waiting for the whole pool; then whether the pool shows as free
@@ -36,6 +38,7 @@ and ``reslock.state.transact``.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -188,8 +191,10 @@ elif mode == "free":                    # (d): a read-only look, cleaning nothin
 class Side:
     """One library under test: how to start its workers."""
 
-    def __init__(self, name: str, python: str, env: dict[str, str], state: str = ""):
+    def __init__(self, name: str, python: str, env: dict[str, str], state: str = "",
+                 servers: dict[str, int] | None = None):
         self.name, self.python, self.env, self.state = name, python, env, state
+        self.servers = servers or {}  # long-lived processes serving it: name -> pid
 
     def spawn(self, mode: str, *args: str, stdin=subprocess.PIPE) -> subprocess.Popen:
         lib = "resourced" if self.name == "resourced" else "reslock"
@@ -267,18 +272,32 @@ def wake_up(side: Side, rounds: int) -> list[float]:
     return samples
 
 
-def contention(side: Side, seconds: float, procs: int = 8) -> list[tuple[int, int]]:
-    """(b) (grants, failed state-file reads) per process in ``seconds`` of contention."""
+def contention(side: Side, seconds: float, procs: int = 8
+               ) -> tuple[list[tuple[int, int]], dict[str, float]]:
+    """(b) (grants, failed state-file reads) per process in ``seconds`` of contention, and
+    the CPU seconds each of the side's servers (resourced: the daemon, the bus) used."""
     workers = [side.spawn("contend", str(seconds)) for _ in range(procs)]
     try:
         for w in workers:
             assert line(w) == "ready"
+        before = {name: cpu_seconds(pid) for name, pid in side.servers.items()}
         for w in workers:
             w.stdin.write("go\n")
             w.stdin.flush()
-        return [tuple(int(x) for x in line(w, seconds + 60).split()) for w in workers]
+        counts = [tuple(int(x) for x in line(w, seconds + 60).split()) for w in workers]
+        return counts, {name: cpu_seconds(pid) - before[name]
+                        for name, pid in side.servers.items()}
     finally:
         stop(*workers)
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process (all its threads) has used so far."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/schedstat") as f:
+            total += int(f.read().split()[0])
+    return total / 1e9
 
 
 def try_latency(side: Side, n: int) -> tuple[list[float], int]:
@@ -420,8 +439,10 @@ def run(side: Side, args) -> dict:
     r = {}
     wake = summary(wake_up(side, args.rounds))
     r["wake p50"], r["wake p99"] = ms(wake["p50"]), ms(wake["p99"])
-    per_process = contention(side, args.seconds)
+    per_process, server_cpu = contention(side, args.seconds)
     counts = [grants for grants, _ in per_process]
+    r["server cpu"] = ", ".join(f"{name} {used / max(sum(counts), 1) * 1e6:.0f} us"
+                                for name, used in server_cpu.items()) or "(no server)"
     r["errors"] = str(sum(errors for _, errors in per_process))
     r["throughput"] = f"{sum(counts) / args.seconds:.0f} grants/s"
     r["per process"] = f"{min(counts)} / {max(counts)}"
@@ -462,7 +483,8 @@ def main() -> None:
     results = {}
     try:
         with daemon_on_private_bus(gpus=1) as bus:
-            side = Side("resourced", sys.executable, clean_env(bus.address))
+            side = Side("resourced", sys.executable, clean_env(bus.address),
+                        servers={"daemon": bus.daemon.pid, "bus": bus.bus.pid})
             results[side.name] = run(side, args)
         for version in versions:
             other = reslock_side(version, os.path.join(folder, f"reslock-{version}"))
@@ -484,6 +506,7 @@ ROWS = [
     ("", "spread max/min", "spread"),
     ("", "grants per process", "counts"),
     ("", "torn reads or lock time-outs, retried", "errors"),
+    ("", "CPU per grant of the servers", "server cpu"),
     ("(c) try_acquire+release, uncontended", "p50", "try p50"),
     ("", "p99", "try p99"),
     ("(d) SIGKILLed holder -> waiter's grant", "p50", "kill p50"),
