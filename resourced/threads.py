@@ -21,18 +21,8 @@ class DaemonThreads(Executor):
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         future: Future = Future()
-
-        def work():
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting coroutine
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
-
-        threading.Thread(target=work, name=self.name, daemon=True).start()
+        threading.Thread(target=_run, args=(future, fn, args, kwargs), name=self.name,
+                         daemon=True).start()
         return future
 
 
@@ -57,16 +47,19 @@ class OneThread(Executor):
 
     def _serve(self) -> None:
         while True:
-            future, fn, args, kwargs = self._calls.get()
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting coroutine
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
-            del future, fn, args, kwargs  # nothing held while waiting for the next
+            _run(*self._calls.get())  # (holding nothing while it waits for the next)
+
+
+def _run(future: Future, fn, args, kwargs) -> None:
+    """``fn(*args, **kwargs)`` into ``future``, unless it was cancelled first."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:  # noqa: BLE001 - handed to the waiting coroutine
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
 
 
 _BLOCKING = DaemonThreads("resourced-io")

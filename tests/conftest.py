@@ -39,15 +39,16 @@ def stop_process(proc: subprocess.Popen) -> int:
     return proc.returncode
 
 
-def eventually(predicate, timeout: float = 5.0, interval: float = 0.02):
-    """Wait until ``predicate()`` is truthy; fail the test after ``timeout`` seconds."""
+def eventually(predicate, timeout: float = 5.0, interval: float = 0.02, what: str = ""):
+    """Wait until ``predicate()`` is truthy (``what``, in the failure); fail the test after
+    ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s: {predicate}")
+            raise AssertionError(f"not within {timeout:g} s: {what or predicate}")
         time.sleep(interval)
 
 

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from ..conftest import eventually
 from . import conftest
 from .conftest import REQUIRED, ok, refused
 from .slurm_cluster import NODE, SlurmCluster, missing_tools
@@ -75,17 +76,6 @@ def slurm_claims(rig) -> list[dict]:
     return [c for c in view["claims"] if c["mode"] == "slurm"]
 
 
-def wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(0.05)
-
-
 def start_job(slurm, *argv: str) -> subprocess.Popen:
     return slurm.popen("srun", "--gres=gpu:2", "-J", "train.sh", "--", *argv)
 
@@ -98,19 +88,19 @@ def test_a_job_is_one_slurm_claim_on_its_two_gpus_while_it_runs(rig, slurm, clea
     marker = slurm.dir / "started"
     job = start_job(slurm, "sh", "-c", f"touch {marker}; sleep 3")
     try:
-        wait(marker.exists, 30, "the job to start")
+        eventually(marker.exists, 30, what="the job to start")
         started = time.monotonic()
-        [claim] = wait(lambda: slurm_claims(rig), SOON, "the job's claim")
+        [claim] = eventually(lambda: slurm_claims(rig), SOON, what="the job's claim")
         assert time.monotonic() - started < SOON
         [job_id] = job_ids(slurm)
         assert claim["gpu_indices"] == list(SLURM_GPUS)
         # Named once slurmctld has told the prolog's child the job's name.
-        wait(lambda: [c["label"] for c in slurm_claims(rig)] == [f"slurm {job_id} root train.sh"],
-             SOON, "the job's name on its claim")
+        eventually(lambda: [c["label"] for c in slurm_claims(rig)] == [f"slurm {job_id} root train.sh"],
+                   SOON, what="the job's name on its claim")
         assert (claim["user"], claim["uid"], claim["state"]) == ("root", 0, "granted")
         assert job.wait(30) == 0, job.stderr.read()
         ended = time.monotonic()
-        wait(lambda: slurm_claims(rig) == [], SOON, "the claim to end with the job")
+        eventually(lambda: slurm_claims(rig) == [], SOON, what="the claim to end with the job")
         assert time.monotonic() - ended < SOON
     finally:
         _end(slurm, job)
@@ -119,11 +109,11 @@ def test_a_job_is_one_slurm_claim_on_its_two_gpus_while_it_runs(rig, slurm, clea
 def test_scancel_ends_the_claim(rig, slurm, clean_claims):
     job = start_job(slurm, "sleep", "60")
     try:
-        [claim] = wait(lambda: slurm_claims(rig), 30, "the job's claim")
+        [claim] = eventually(lambda: slurm_claims(rig), 30, what="the job's claim")
         job_id = claim["label"].split()[1]
         ok(slurm.run("scancel", job_id))
         cancelled = time.monotonic()
-        wait(lambda: slurm_claims(rig) == [], SOON, "the claim to end at scancel")
+        eventually(lambda: slurm_claims(rig) == [], SOON, what="the claim to end at scancel")
         assert time.monotonic() - cancelled < SOON
     finally:
         _end(slurm, job)
@@ -139,7 +129,7 @@ def test_our_claims_never_take_slurms_gpus(rig, slurm, clean_claims):
     refused(rig.gpuctl("alice", "claim", "--gpus", "1", "--owner-pid", sleeper), 3)
     job = start_job(slurm, "sleep", "60")  # Slurm's GPUs are Slurm's still
     try:
-        [claim] = wait(lambda: slurm_claims(rig), 30, "the job's claim")
+        [claim] = eventually(lambda: slurm_claims(rig), 30, what="the job's claim")
         assert claim["gpu_indices"] == list(SLURM_GPUS)
     finally:
         _end(slurm, job)
@@ -149,10 +139,10 @@ def test_verify_shows_no_unclaimed_use_for_a_jobs_processes(rig, slurm, clean_cl
     marker = slurm.dir / "task.pid"
     job = start_job(slurm, "sh", "-c", f"echo $$ > {marker}; exec sleep 60")
     try:
-        wait(lambda: marker.exists() and marker.read_text().strip(), 30, "the job's task")
+        eventually(lambda: marker.exists() and marker.read_text().strip(), 30, what="the job's task")
         task = int(marker.read_text())
         _show_on_gpus(slurm.gpus_file, {2: [task], 3: [task]})
-        [claim] = wait(lambda: slurm_claims(rig), SOON, "the job's claim")
+        [claim] = eventually(lambda: slurm_claims(rig), SOON, what="the job's claim")
         reports = json.loads(ok(rig.gpuctl(None, "verify", "--json")))["gpus"]
         assert "UNCLAIMED USE" not in json.dumps(reports)
         for report in (r for r in reports if r["index"] in SLURM_GPUS):
