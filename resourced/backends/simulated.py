@@ -79,6 +79,21 @@ class SimulatedBackend:
         return {uuid: list(procs) for uuid, procs in self._listed[1].items()}
 
 
+    def processes_now(self) -> dict[str, list[GpuProcess]] | None:
+        """The processes of the file's version read last, if the file is still at that
+        version and hangs nothing: one ``stat``, so the probe asks on the event loop and
+        spares the hop to its thread.  None: ask ``processes`` (off the loop)."""
+        read, listed = self._read, self._listed  # (set by the probe's thread: read once)
+        if read is None or listed is None or listed[0] is not read[1] or read[2] > 0:
+            return None
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        if (st.st_ino, st.st_mtime_ns, st.st_size) != read[0]:
+            return None
+        return {uuid: list(procs) for uuid, procs in listed[1].items()}
+
     def load(self) -> dict[str, GpuLoad]:
         return {_gpu(e).uuid: _load(e) for e in self._entries()}
 

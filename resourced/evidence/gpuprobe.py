@@ -38,12 +38,18 @@ class GpuProbe:
         """A look begun now (or the one in flight), for the caller's ``processes(begun)``:
         a claim begins it before checking the request, so the hop to the backend's thread
         overlaps that work.  None when the backend answers at once."""
-        if not self.backend.blocking:
+        if not self.backend.blocking or self._now() is not None:
             return None
         if self._inflight is None or self._inflight.done():
             self._started = time.monotonic()
             self._inflight = self._look()
         return self._inflight
+
+    def _now(self) -> dict | None:
+        """A blocking backend's answer without blocking, where it has one for this look
+        (the simulation's file, unchanged: ``processes_now``); None: look off the loop."""
+        now = getattr(self.backend, "processes_now", None)
+        return now() if now is not None else None
 
     def _look(self) -> asyncio.Future:
         look = asyncio.get_running_loop().run_in_executor(self._executor, self.backend.processes)
@@ -59,6 +65,8 @@ class GpuProbe:
                 return GpuEvidence(self.backend.processes())
             except BackendError as exc:
                 return GpuEvidence(None, str(exc))
+        if begun is None and (now := self._now()) is not None:
+            return GpuEvidence(now)
         loop = asyncio.get_running_loop()
         if self._inflight is not None and self._inflight.done() and self._inflight is not begun:
             self._inflight = None

@@ -1,9 +1,12 @@
 """The GPU probe in front of a backend that blocks: one look in flight, shared, in one kept
-thread, given up on at its deadline, and a look a claim begins early used by that claim."""
+thread, given up on at its deadline, and a look a claim begins early used by that claim;
+the JSON simulation, unchanged, answered on the loop."""
 
 import asyncio
+import json
 import threading
 
+from resourced.backends.simulated import SimulatedBackend
 from resourced.evidence.gpuprobe import GpuProbe
 
 
@@ -78,4 +81,50 @@ def test_a_backend_that_answers_at_once_is_asked_on_the_loop():
         probe = GpuProbe(backend, timeout=5)
         assert probe.begin() is None
         assert (await probe.processes()).known and backend.threads == {threading.get_ident()}
+    run(test)
+
+
+class Simulated(SimulatedBackend):
+    """The JSON simulation, its reads of the file counted."""
+
+    def __init__(self, path):
+        super().__init__(path=str(path))
+        self.reads = 0
+
+    def processes(self):
+        self.reads += 1
+        return super().processes()
+
+
+def _write(path, pids, hang=0.0):
+    path.write_text(json.dumps({"hang_seconds": hang, "gpus": [
+        {"index": 0, "processes": [{"pid": p, "used_memory_mib": 1} for p in pids]}]}))
+
+
+def test_the_simulation_unchanged_is_answered_on_the_loop_and_a_new_version_is_read(tmp_path):
+    async def test():
+        path = tmp_path / "gpus.json"
+        _write(path, [10])
+        backend = Simulated(path)
+        probe = GpuProbe(backend, timeout=5)
+        first = await probe.processes()
+        assert probe.begin() is None  # the file is as read: nothing to begin
+        again = await probe.processes()
+        assert first.processes == again.processes and backend.reads == 1
+        _write(path, [10, 11, 12])  # a new version (another size): read off the loop
+        changed = await probe.processes()
+        assert [p.pid for p in next(iter(changed.processes.values()))] == [10, 11, 12]
+        assert backend.reads == 2
+    run(test)
+
+
+def test_a_simulation_that_hangs_is_always_asked_off_the_loop(tmp_path):
+    async def test():
+        path = tmp_path / "gpus.json"
+        _write(path, [10], hang=0.01)
+        backend = Simulated(path)
+        probe = GpuProbe(backend, timeout=5)
+        for _ in range(2):
+            assert (await probe.processes()).known
+        assert backend.reads == 2
     run(test)
