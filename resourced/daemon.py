@@ -37,7 +37,7 @@ from .evidence.processes import boot_id
 from .health_monitor import HealthMonitor
 from .jsonlog import StoreBusy, StoreError
 from .sd import notify, reloading, run_watchdog, setup_logging, watchdog_interval
-from .shared_bus import SharedBus, SharedBusError
+from .shared_bus import SharedBus, SharedBusError, SharedBusTaken
 from .simclock import clock_from_env
 from .store import ClaimStore
 from .usage_store import UsageStore
@@ -189,7 +189,7 @@ async def host_shared_bus(args: argparse.Namespace) -> SharedBus:
     try:
         shared.prepare()
     except SharedBusError as exc:
-        raise StartupError(str(exc), EXIT_NAME_TAKEN if "already hosted" in str(exc)
+        raise StartupError(str(exc), EXIT_NAME_TAKEN if isinstance(exc, SharedBusTaken)
                            else EXIT_FAILURE) from exc
     try:
         await shared.start()

@@ -46,7 +46,6 @@ from .core.claims import (
     Demand,
     ProcessRef,
     check_session,
-    check_text,
     default_session,
 )
 from .core.clock import Clock, Deadlines, utc_text, wall_clock
@@ -417,19 +416,16 @@ class Engine(CalendarOperations):
         existing = self._job_claim(job)
         if existing is not None:
             if name:
-                label = job_label(job, existing.user, name)
-                check_text("label", label)
-                self._commit(self.ledger.relabel(existing.id, label))
+                self._commit(self.ledger.relabel(existing.id, job_label(job, existing.user, name)))
             return existing
         if not gpu_names:  # (with a name: naming the job's claim, which has ended)
             raise InvalidRequest(f"Slurm job {job} has no GPU here: nothing to claim")
         uuids = tuple(dict.fromkeys(self._job_gpu(n) for n in gpu_names))
         user = await self._user_name(uid)
         label = job_label(job, user, name)
-        check_text("label", label)
         self.run_due()
-        if self._job_claim(job) is not None:  # made while the user name was looked up
-            return self._job_claim(job)
+        if (made := self._job_claim(job)) is not None:  # while the user name was looked up
+            return made
         claim_id = self._new_id()
         events = self.ledger.start_job(claim_id, job, uuids, uid, user, label, self.clock())
         self._commit(events, undo=lambda: self.ledger.release(claim_id, "cancelled"))

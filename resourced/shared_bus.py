@@ -79,6 +79,10 @@ class SharedBusError(Exception):
     """The shared bus cannot be hosted; the message says why."""
 
 
+class SharedBusTaken(SharedBusError):
+    """Another resourced hosts the directory (holds its lock)."""
+
+
 def bus_config(directory: Path, host: str, group: str) -> str:
     """The configuration of the shared bus: who may connect, own the name and call it."""
     return BUS_CONFIG.format(listen=address_of(directory), host=quoteattr(host),
@@ -152,7 +156,7 @@ class SharedBus:
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
             os.close(fd)
-            raise SharedBusError(f"{self.directory} is already hosted by another resourced "
+            raise SharedBusTaken(f"{self.directory} is already hosted by another resourced "
                                  f"(pid {holder})") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

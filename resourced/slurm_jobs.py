@@ -12,7 +12,7 @@ readable by anyone) of root's processes named ``slurmstepd`` only.
 import re
 
 from .core.attribution import ProcInfo
-from .core.claims import ProcessRef
+from .core.claims import ProcessRef, check_text
 from .evidence.processes import PROC
 
 STEP_TITLE = re.compile(rb"slurmstepd: \[(\d+)\.[\w.+-]+\]")
@@ -20,8 +20,11 @@ STEPD = "slurmstepd"
 
 
 def job_label(job: str, user: str, name: str) -> str:
-    """"slurm 1234 alice train.sh": what status and verify show for the job's claim."""
-    return " ".join(part for part in ("slurm", job, user, name) if part)
+    """"slurm 1234 alice train.sh": what status and verify show for the job's claim,
+    checked as every label is (one short line)."""
+    label = " ".join(part for part in ("slurm", job, user, name) if part)
+    check_text("label", label)
+    return label
 
 
 def step_job(cmdline: bytes) -> str | None:
