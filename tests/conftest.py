@@ -39,6 +39,24 @@ def stop_process(proc: subprocess.Popen) -> int:
     return proc.returncode
 
 
+def assert_systemd_accepts(tmp_path, name: str, content: str) -> None:
+    """`systemd-analyze --user verify` passes the user unit ``content`` (written as
+    ``name``), with nothing to say about it; skips where systemd-analyze is missing."""
+    import shutil
+
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    unit = tmp_path / name
+    unit.write_text(content)
+    runtime = tmp_path / "xdg-runtime"
+    runtime.mkdir(mode=0o700)
+    done = subprocess.run(["systemd-analyze", "--user", "verify", str(unit)],
+                          env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
+                          capture_output=True, text=True, timeout=60, check=False)
+    about_us = [line for line in (done.stdout + done.stderr).splitlines() if unit.name in line]
+    assert done.returncode == 0 and about_us == [], done.stdout + done.stderr
+
+
 def eventually(predicate, timeout: float = 5.0, interval: float = 0.02, what: str = ""):
     """Wait until ``predicate()`` is truthy (``what``, in the failure); fail the test after
     ``timeout`` seconds."""
@@ -152,5 +170,5 @@ def gpuctl(*args, env=None, timeout=30, input=None):
     return subprocess.run(
         [sys.executable, "-m", "resourced.cli", *args],
         env={**os.environ, **(env or {})}, capture_output=True, text=True,
-        timeout=timeout, input=input,
+        timeout=timeout, input=input, check=False,
     )

@@ -1,7 +1,9 @@
-"""The simulated clock for the calendar's tests: a file that is *now* for the daemon, for
-gpuctl and for this process's clients."""
+"""Fixtures of the bus tests: a process to own claims, and the simulated clock for the
+calendar's tests (a file that is *now* for the daemon, for gpuctl and for this process's
+clients)."""
 
 import os
+import subprocess
 from datetime import datetime
 from pathlib import Path
 
@@ -48,3 +50,12 @@ def clocked_daemon(start_daemon, clock, monkeypatch):
         return start_daemon(gpus=str(gpus), env={"RESOURCED_SIMULATED_CLOCK": str(clock.path)},
                             runtime_dir=runtime_dir)
     return start
+
+
+@pytest.fixture
+def owner():
+    """A long-lived process of ours to own claims; killed afterwards."""
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc
+    proc.kill()
+    proc.wait(timeout=10)

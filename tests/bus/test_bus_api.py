@@ -4,7 +4,6 @@ that change nothing, the Claim object, AsyncClient, and which bus the clients ch
 import asyncio
 import json
 import os
-import subprocess
 
 import pytest
 from dbus_fast import Message, MessageType, Variant
@@ -104,14 +103,6 @@ def properties_changed(path: str, interface: str, **expected):
         return m.body[0] == interface and all(changed.get(k) == v for k, v in expected.items())
 
     return match
-
-
-@pytest.fixture
-def owner():
-    proc = subprocess.Popen(["sleep", "60"])
-    yield proc
-    proc.kill()
-    proc.wait(timeout=10)
 
 
 def test_claim_new_and_claim_removed_reach_a_subscriber(daemon):

@@ -31,15 +31,6 @@ REF = re.compile(r"^b[a-z0-9]+$")
 
 
 
-@pytest.fixture
-def owner():
-    """A long-lived process of ours to own claims; killed afterwards."""
-    proc = subprocess.Popen(["sleep", "60"])
-    yield proc
-    proc.kill()
-    proc.wait(timeout=10)
-
-
 # -- gpuctl -----------------------------------------------------------------------------
 def ctl(*args: str, tz: str = "UTC") -> subprocess.CompletedProcess:
     return gpuctl(*args, env={"TZ": tz}, timeout=20)

@@ -18,15 +18,6 @@ GPUCTL = f"{shlex.quote(sys.executable)} -m resourced.cli"
 SHOW_ENV = 'printf "%s\\n" "$CUDA_VISIBLE_DEVICES" "$CUDA_DEVICE_ORDER" "$RESOURCED_ALLOCATION" "$RESOURCED_GPU_UUIDS"'
 
 
-@pytest.fixture
-def owner():
-    """A long-lived process of ours to own claims; killed afterwards."""
-    proc = subprocess.Popen(["sleep", "60"])
-    yield proc
-    proc.kill()
-    proc.wait(timeout=10)
-
-
 def describe() -> dict:
     with Client() as c:
         return c.status()

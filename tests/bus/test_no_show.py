@@ -4,7 +4,6 @@ for no_show_after is released and its owner told; a process of the owner at any
 utilisation, or evidence the daemon cannot trust, keeps it."""
 
 import json
-import os
 import subprocess
 
 import pytest

@@ -27,15 +27,6 @@ from ..conftest import eventually, gpuctl
 MANAGER_IFACE, CLAIM_IFACE = "org.resourced.Manager", "org.resourced.Claim"
 
 
-@pytest.fixture
-def owner():
-    """A long-lived process of ours to own claims; killed afterwards."""
-    proc = subprocess.Popen(["sleep", "60"])
-    yield proc
-    proc.kill()
-    proc.wait(timeout=10)
-
-
 def ok(*args: str, env=None) -> str:
     """gpuctl succeeds; its stdout."""
     r = gpuctl(*args, env=env)

@@ -29,14 +29,6 @@ def nvmlInit():
 '''
 
 
-@pytest.fixture
-def owner():
-    proc = subprocess.Popen(["sleep", "60"])
-    yield proc
-    proc.kill()
-    proc.wait(timeout=10)
-
-
 def status_json() -> dict:
     r = gpuctl("status", "--json")
     assert r.returncode == 0, r.stderr

@@ -1,14 +1,13 @@
 """resourced.install: the plan that `gpuctl service enable/disable` carries out."""
 
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from resourced import install
+
+from ..conftest import assert_systemd_accepts
 
 HOME_ENV = {"HOME": "/home/alice"}
 
@@ -200,24 +199,9 @@ def test_the_runner_unit_starts_with_the_user_service_and_is_offered_to_every_us
                for f in system.write)  # each user enables theirs
 
 
-def _assert_systemd_accepts(tmp_path, name: str, content: str) -> None:
-    """`systemd-analyze --user verify` passes the user unit, with nothing to say about it."""
-    if shutil.which("systemd-analyze") is None:
-        pytest.skip("systemd-analyze is not installed")
-    unit = tmp_path / name
-    unit.write_text(content)
-    runtime = tmp_path / "xdg-runtime"
-    runtime.mkdir(mode=0o700)
-    done = subprocess.run(["systemd-analyze", "--user", "verify", str(unit)],
-                          env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
-                          capture_output=True, text=True, timeout=60, check=False)
-    about_us = [line for line in (done.stdout + done.stderr).splitlines() if unit.name in line]
-    assert done.returncode == 0 and about_us == [], done.stdout + done.stderr
-
-
 def test_systemd_accepts_the_runner_unit(tmp_path):
     plan = install.plan_enable("user", sys.executable, root=tmp_path, env=HOME_ENV)
-    _assert_systemd_accepts(tmp_path, "resourced-runner.service", _contents(plan)[
+    assert_systemd_accepts(tmp_path, "resourced-runner.service", _contents(plan)[
         tmp_path / "home/alice/.config/systemd/user/resourced-runner.service"])
 
 
@@ -262,5 +246,5 @@ def test_the_shared_plan_needs_an_absolute_directory(tmp_path, shared_dir):
 
 
 def test_systemd_accepts_the_shared_unit(tmp_path):
-    _assert_systemd_accepts(tmp_path, "resourced-shared.service",
+    assert_systemd_accepts(tmp_path, "resourced-shared.service",
                             _shared_plan(tmp_path).write[0].content)
