@@ -406,15 +406,21 @@ def terminal(tmp_path):
     return Terminal(tmp_path)
 
 
-def test_a_clicked_health_bubble_opens_gpuctl_resources(buses, services, agents, terminal):
+def _stop_bubble(buses, services, agents, env: dict):
+    """An agent (with ``env`` added) under a notification server with actions, and the
+    bubble it shows for a check going OK -> STOP: (server, manager, agent, bubble)."""
     session, _ = buses
     server = services.notifications(session.address, ACTIONS)
     _, manager = services.resourced(session.address, health(data=("OK", "fine")))
-    agent = agents({**session.env(), **terminal.env})
+    agent = agents({**session.env(), **env})
     agent.wait_log("(running)")
     services.emit(manager, "data", "OK", "STOP", REASON)
     eventually(lambda: len(notifies(server)) == 1)
-    bubble = notifies(server)[0]
+    return server, manager, agent, notifies(server)[0]
+
+
+def test_a_clicked_health_bubble_opens_gpuctl_resources(buses, services, agents, terminal):
+    server, manager, agent, bubble = _stop_bubble(buses, services, agents, terminal.env)
     assert bubble["actions"] == ["default", "Show details"]
     services.emit(manager, "data", "STOP", "WARN", "free 15G <= warn_free_gib 20")
     eventually(lambda: len(notifies(server)) == 2)
@@ -461,13 +467,8 @@ def test_actions_follow_the_notification_server(buses, services, agents, termina
 
 def test_an_action_from_someone_else_opens_nothing(buses, services, agents, terminal):
     session, _ = buses
-    server = services.notifications(session.address, ACTIONS)
-    _, manager = services.resourced(session.address, health(data=("OK", "fine")))
-    agent = agents({**session.env(), **terminal.env})
-    agent.wait_log("(running)")
-    services.emit(manager, "data", "OK", "STOP", REASON)
-    eventually(lambda: len(notifies(server)) == 1)
-    nid = notifies(server)[0]["id"]
+    server, _, agent, bubble = _stop_bubble(buses, services, agents, terminal.env)
+    nid = bubble["id"]
 
     async def impostor_invokes():
         from dbus_fast import Message, MessageType
@@ -522,15 +523,10 @@ def test_a_booking_bubble_opens_gpuctl_bookings(buses, services, agents, termina
 
 def test_without_a_terminal_the_agent_says_so_once_and_goes_on(buses, services, agents,
                                                                tmp_path):
-    session, _ = buses
-    server = services.notifications(session.address, ACTIONS)
-    _, manager = services.resourced(session.address, health(data=("OK", "fine")))
     empty = tmp_path / "empty-path"
     empty.mkdir()
-    agent = agents({**session.env(), "TERMINAL": "", "PATH": str(empty)})
-    agent.wait_log("(running)")
-    services.emit(manager, "data", "OK", "STOP", REASON)
-    eventually(lambda: len(notifies(server)) == 1)
+    server, manager, agent, _ = _stop_bubble(buses, services, agents,
+                                             {"TERMINAL": "", "PATH": str(empty)})
     for _ in range(2):
         services.signal(server.ActionInvoked, notifies(server)[0]["id"], "default")
     agent.wait_log("no terminal")

@@ -263,8 +263,9 @@ def test_cancelling_a_booking_whose_command_is_pending_marks_it_cancelled(job_en
         assert not (out / "starts").exists()
 
 
-def test_a_runner_killed_while_its_command_runs_adopts_it_and_never_runs_it_twice(
-        job_env, out, clock, tmp_path):
+def _started_then_runner_killed(job_env, out, clock, tmp_path) -> tuple[str, int]:
+    """A booking whose command a runner started, the runner then SIGKILLed: (the booking,
+    the command's pid)."""
     with runner(job_env, tmp_path) as first:
         ref = book(job_env, out)
         clock.set("2026-12-01T10:00:00Z")
@@ -272,6 +273,12 @@ def test_a_runner_killed_while_its_command_runs_adopts_it_and_never_runs_it_twic
         [pid] = eventually(lambda: started_pids(out), WAIT)
         first.kill()
         first.wait(10)
+    return ref, pid
+
+
+def test_a_runner_killed_while_its_command_runs_adopts_it_and_never_runs_it_twice(
+        job_env, out, clock, tmp_path):
+    ref, pid = _started_then_runner_killed(job_env, out, clock, tmp_path)
     assert not gone(pid)  # the command outlives its runner
     with runner(job_env, tmp_path) as second:
         eventually(lambda: "adopted the job of" in second.log_path.read_text(), WAIT)
@@ -285,13 +292,7 @@ def test_a_runner_killed_while_its_command_runs_adopts_it_and_never_runs_it_twic
 
 def test_a_command_gone_while_no_runner_watched_is_reported_failed(job_env, out, clock,
                                                                    tmp_path):
-    with runner(job_env, tmp_path) as first:
-        ref = book(job_env, out)
-        clock.set("2026-12-01T10:00:00Z")
-        job_is(job_env, ref, "running")
-        [pid] = eventually(lambda: started_pids(out), WAIT)
-        first.kill()
-        first.wait(10)
+    ref, pid = _started_then_runner_killed(job_env, out, clock, tmp_path)
     os.killpg(job_file(job_env, ref).pid, signal.SIGKILL)  # shim and command, unseen
     eventually(lambda: gone(pid), WAIT)
     with runner(job_env, tmp_path):
