@@ -35,6 +35,7 @@ from pathlib import Path
 
 from .amounts import MAX_AMOUNT, parse_amount
 from .core.health import CheckEntry
+from .xdg import base_dir
 
 __all__ = [
     "SYSTEM_CONFIG",
@@ -208,18 +209,10 @@ def _kind(mode: int) -> str:
 
 
 def _user_config(environ) -> Path | None:
-    # The XDG base directory spec: an empty or relative $XDG_CONFIG_HOME is ignored.
-    xdg = environ.get("XDG_CONFIG_HOME", "")
-    if os.path.isabs(xdg):
-        base = Path(xdg)
-    elif environ.get("HOME"):
-        base = Path(environ["HOME"]) / ".config"
-    else:
-        try:
-            base = Path.home() / ".config"
-        except RuntimeError:  # no $HOME and no passwd entry: there is no user file
-            return None
-    return base / "resourced" / "config.toml"
+    try:
+        return Path(base_dir("XDG_CONFIG_HOME", environ), "resourced", "config.toml")
+    except RuntimeError:  # no $HOME and no passwd entry: there is no user file
+        return None
 
 
 def load_config(path: Path | None) -> Config:

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .xdg import base_dir
+
 USER = "user"
 SYSTEM = "system"
 SHARED = "shared"  # a user service hosting a bus of its own for a group (--user --shared)
@@ -247,12 +249,7 @@ def source_dir() -> Path:
 def user_dirs(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """$XDG_CONFIG_HOME and $XDG_DATA_HOME, with the XDG defaults (relative values are ignored)."""
     env = os.environ if env is None else env
-    home = env.get("HOME") or str(Path.home())
-    dirs = {"CONFIG": f"{home}/.config", "DATA": f"{home}/.local/share"}
-    for key, variable in (("CONFIG", "XDG_CONFIG_HOME"), ("DATA", "XDG_DATA_HOME")):
-        if env.get(variable, "").startswith("/"):
-            dirs[key] = env[variable]
-    return dirs
+    return {"CONFIG": base_dir("XDG_CONFIG_HOME", env), "DATA": base_dir("XDG_DATA_HOME", env)}
 
 
 def _targets(mode: str, env: Mapping[str, str] | None) -> list[tuple[Template, str]]:

@@ -36,6 +36,8 @@ import sys
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from .xdg import base_dir
+
 PENDING, RUNNING = "pending", "running"
 SUCCEEDED, FAILED, TIMED_OUT, CANCELLED, MISSED = (
     "succeeded", "failed", "timed-out", "cancelled", "missed")
@@ -173,11 +175,8 @@ def final_state(exit_code: int, stopping: str) -> str:
 # -- where job files live --------------------------------------------------------------
 def jobs_dir(environ=None) -> Path:
     """``$XDG_STATE_HOME/resourced/jobs``; a relative XDG_STATE_HOME is ignored (XDG)."""
-    environ = os.environ if environ is None else environ
-    state = environ.get("XDG_STATE_HOME", "")
-    if not state.startswith("/"):
-        state = os.path.join(environ.get("HOME") or str(Path.home()), ".local", "state")
-    return Path(state, "resourced", "jobs")
+    return Path(base_dir("XDG_STATE_HOME", os.environ if environ is None else environ),
+                "resourced", "jobs")
 
 
 def ensure_dir(path: Path) -> Path:

@@ -12,6 +12,7 @@ import pwd
 from collections import namedtuple
 
 from .errors import AccessDenied, DaemonUnreachable
+from .xdg import base_dir
 
 SOCKET = "bus"
 ADDRESS_VARIABLE = "RESOURCED_BUS_ADDRESS"
@@ -29,10 +30,7 @@ def address_of(directory) -> str:
 
 def client_file(environ=os.environ) -> str:
     """This account's client settings (where ``gpuctl connect`` writes)."""
-    base = environ.get("XDG_CONFIG_HOME", "")
-    if not os.path.isabs(base):
-        base = os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".config")
-    return os.path.join(base, "resourced", CLIENT_FILE)
+    return os.path.join(base_dir("XDG_CONFIG_HOME", environ), "resourced", CLIENT_FILE)
 
 
 def connected_dir(environ=os.environ) -> str | None:
