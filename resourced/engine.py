@@ -277,8 +277,7 @@ class Engine(CalendarOperations):
         if len(member_pids) > MAX_MEMBERS:
             raise InvalidRequest(f"{len(member_pids)} member pids given, at most {MAX_MEMBERS} "
                                  "may be (the daemon adopts their descendants by itself)")
-        look = (self.probe.begin()  # the request is checked meanwhile
-                if demand.gpus or demand.vram or self.ledger.waiting_for_gpus() else None)
+        look = self.probe.begin() if self._needs_evidence(demand) else None  # (checked meanwhile)
         pinned = [_callers_process(caller, caller.pid if owner_pid is None else owner_pid, "owner")]
         try:
             session = self._session_of(pinned[0][0].pid, session)
@@ -295,7 +294,7 @@ class Engine(CalendarOperations):
                                    queue_deadline_usec=deadline, session=session,
                                    end_usec=0 if duration is None else now + int(duration * 1e6))
             busy, warnings = frozenset(), []
-            if demand.gpus or demand.vram or self.ledger.waiting_for_gpus():
+            if self._needs_evidence(demand):  # again: a waiter for GPUs may have come since
                 busy, warnings = self._busy_gpus(await self.probe.processes(look))
             # The decision: synchronous from here on, on the ledger as it is now.
             claim_id = self._new_id()
@@ -325,6 +324,11 @@ class Engine(CalendarOperations):
             self._watcher.watch_pidfd((claim.id, ref), ref, fd)
         self._arm_timeout(claim)
         return claim, [*warnings, *self._until_warning(claim)]
+
+    def _needs_evidence(self, demand: Demand) -> bool:
+        """Whether a claim's decision needs to know what runs on the GPUs: it wants GPUs,
+        or its grant or release may serve a waiter that does."""
+        return bool(demand.gpus or demand.vram or self.ledger.waiting_for_gpus())
 
     def _until_warning(self, claim: Claim) -> list[str]:
         if not claim.until_booking:
@@ -705,9 +709,9 @@ class Engine(CalendarOperations):
         job's step daemons (``steps``: job id -> them) with theirs."""
         children = children_of(table)
         for claim in list(self.ledger.claims.values()):
-            roots = claim.processes() | steps.get(claim.job, set()) if claim.job else claim.processes()
-            new = (descendants(table, roots, children) | (roots - claim.processes())) \
-                - claim.members - {claim.owner}
+            stepds = steps.get(claim.job, set()) if claim.job else set()
+            found = descendants(table, claim.processes() | stepds, children) | stepds
+            new = found - claim.members - {claim.owner}
             if new:
                 self._commit(self.ledger.add_members(claim.id, new))
                 for ref in new:
