@@ -79,11 +79,9 @@ _QUEUE_CHANGES = MatchRule(sender=BUS_NAME, type="signal", interface=MANAGER_IFA
 """ClaimNew, ClaimRemoved (and the Manager's other signals): when a waiter's place may move."""
 
 
-def _outcome_rules(path: str) -> tuple[MatchRule, MatchRule]:
-    """The signals of one claim's object (its Granted or Cancelled): the rule to match
-    locally, and the same for the bus, which also resolves the daemon's well-known name."""
-    fields = dict(type="signal", interface=CLAIM_IFACE, path=path)
-    return MatchRule(**fields), MatchRule(sender=BUS_NAME, **fields)
+_OUTCOMES = MatchRule(type="signal", interface=CLAIM_IFACE)
+"""A waiting claim's ``Granted`` or ``Cancelled``, which the daemon sends to the connection
+that made the claim alone: the bus delivers it there without a match rule."""
 
 
 START_HINTS = {
@@ -355,16 +353,6 @@ class _Base:
         return ", and no daemon runs on the session bus"
 
 
-class _ReplyTo:
-    """A filter rule (jeepney asks a rule only ``matches``) for the answer to one call."""
-
-    def __init__(self, serial: int):
-        self.serial = serial
-
-    def matches(self, msg) -> bool:
-        return msg.header.fields.get(HeaderFields.reply_serial) == self.serial
-
-
 def _is_outcome_of(msg, path: str) -> bool:
     fields = msg.header.fields
     return fields.get(HeaderFields.path) == path and \
@@ -456,46 +444,26 @@ class Client(_Base):
         if not wait or dry_run:
             ref, _path, grant = self._send(msg)
             return self._allocation(ref, grant, use_index)
-        ref, path, grant = self._send(msg)
-        if grant["State"][1] != "queued":
-            return self._allocation(ref, grant, use_index)
         conn = self._connection()
-        local, rule = _outcome_rules(path)
-        rules = [rule, _QUEUE_CHANGES] if progress else [rule]
-        if progress:  # the bus sends only what the rules ask for: any signal is one of them
-            local = MatchRule(type="signal")
-        try:
-            with conn.filter(local, bufsize=64) as signals:
-                added = [self._add_match(conn, r) for r in rules]
+        # Listened for before asking: the outcome may come right behind the answer.
+        with conn.filter(MatchRule(type="signal") if progress else _OUTCOMES,
+                         bufsize=64) as signals:
+            ref, path, grant = self._send(msg)
+            if grant["State"][1] != "queued":
+                return self._allocation(ref, grant, use_index)
+            try:
+                if not progress:
+                    return self._await_outcome(signals, ref, path, timeout, use_index)
+                self._send(message_bus.AddMatch(_QUEUE_CHANGES))
                 try:
-                    # The bus adds the rules before it passes this call on (it handles one
-                    # connection's messages in order), so it need not be waited for first.
-                    grant = self._send(self._grant_message(ref))[0]  # granted before we listened?
-                    for answer in added:
-                        self._body(answer.queue.popleft() if answer.queue else
-                                   conn.recv_until_filtered(answer.queue, timeout=self.timeout))
-                    if grant["State"][1] != "queued":
-                        return self._allocation(ref, grant, use_index)
                     return self._await_outcome(signals, ref, path, timeout, use_index, progress)
                 finally:
-                    for answer in added:
-                        answer.close()
-                    for r in rules:
-                        with contextlib.suppress(Exception):
-                            conn.send(message_bus.RemoveMatch(r))
-        except BaseException:  # timed out, interrupted, or cancelled by the daemon
-            with contextlib.suppress(NoSuchClaim, DaemonUnreachable):
-                self.release(ref)  # leave no trace in the queue
-            raise
-
-    @staticmethod
-    def _add_match(conn, rule: MatchRule):
-        """Ask the bus for ``rule``'s messages without waiting for its answer: returns a
-        filter that catches the answer (a round trip less for every claim that waits)."""
-        serial = next(conn.outgoing_serial)
-        answer = conn.filter(_ReplyTo(serial))
-        conn.send(message_bus.AddMatch(rule), serial=serial)
-        return answer
+                    with contextlib.suppress(Exception):
+                        conn.send(message_bus.RemoveMatch(_QUEUE_CHANGES))
+            except BaseException:  # timed out, interrupted, or cancelled by the daemon
+                with contextlib.suppress(NoSuchClaim, DaemonUnreachable):
+                    self.release(ref)  # leave no trace in the queue
+                raise
 
     def _await_outcome(self, signals, ref: str, path: str, timeout, use_index: bool,
                        progress=None) -> dict:
@@ -883,26 +851,26 @@ class AsyncClient(_Base):
         if not wait or dry_run:
             ref, _path, grant = await self._send(msg)
             return self._allocation(ref, grant, use_index)
-        ref, path, grant = await self._send(msg)
-        if grant["State"][1] != "queued":
-            return self._allocation(ref, grant, use_index)
         router = await self._connection()
-        local, rule = _outcome_rules(path)
+        # Listened for before asking (the outcome may come right behind the answer), then,
+        # without an await between, for this claim's path alone: other claims made on this
+        # connection meanwhile have outcomes of their own.
+        with router.filter(_OUTCOMES, bufsize=1024) as early:
+            ref, path, grant = await self._send(msg)
+            if grant["State"][1] != "queued":
+                return self._allocation(ref, grant, use_index)
+            mine = router.filter(MatchRule(type="signal", interface=CLAIM_IFACE, path=path),
+                                 bufsize=4)
+            while not early.empty():
+                if _is_outcome_of(signal_msg := early.get_nowait(), path):
+                    mine.queue.put_nowait(signal_msg)
         try:
-            with router.filter(local, bufsize=16) as signals:
-                self._body(await router.send_and_get_reply(message_bus.AddMatch(rule)))
-                try:
-                    grant = (await self._send(self._grant_message(ref)))[0]
-                    if grant["State"][1] != "queued":
-                        return self._allocation(ref, grant, use_index)
-                    async with asyncio.timeout(None if timeout is None else timeout + self.timeout):
-                        while True:
-                            signal_msg = await signals.get()
-                            if _is_outcome_of(signal_msg, path):
-                                return self._outcome(signal_msg, use_index)
-                finally:
-                    with contextlib.suppress(Exception):
-                        await router.send(message_bus.RemoveMatch(rule))
+            with mine as signals:
+                async with asyncio.timeout(None if timeout is None else timeout + self.timeout):
+                    while True:
+                        signal_msg = await signals.get()
+                        if _is_outcome_of(signal_msg, path):
+                            return self._outcome(signal_msg, use_index)
         except (asyncio.CancelledError, TimeoutError):
             with contextlib.suppress(Exception):
                 await self._send(self._release_message(ref, False))

@@ -292,6 +292,7 @@ class Engine(CalendarOperations):
                                    members=frozenset(ref for ref, _ in pinned[1:]),
                                    priority=priority, reclaimable=reclaimable,
                                    queue_deadline_usec=deadline, session=session,
+                                   reply_to=caller.bus_name,
                                    end_usec=0 if duration is None else now + int(duration * 1e6))
             busy, warnings = frozenset(), []
             if self._needs_evidence(demand):  # again: a waiter for GPUs may have come since

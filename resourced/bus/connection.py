@@ -50,7 +50,7 @@ import sys
 import types
 from functools import partial
 
-from dbus_fast import Message, Variant
+from dbus_fast import Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
 from dbus_fast.service import ServiceInterface, _Property
 from dbus_fast.signature import get_signature_tree
@@ -274,12 +274,15 @@ class DaemonBus(MessageBus):
         for interface, path in list(self._path_of.items()):
             self.unexport(path, interface, announce=False)
 
-    def emit(self, path: str, interface: str, member: str, signature: str, body: list) -> None:
+    def emit(self, path: str, interface: str, member: str, signature: str, body: list,
+             destination: str = "") -> None:
         """A signal from ``path``, as an interface exported there would send it, whether
-        one is or not (a claim's object is made only when something calls it)."""
+        one is or not (a claim's object is made only when something calls it); to
+        ``destination`` alone when given (the bus delivers it there without a match rule)."""
         if not self._disconnected:
-            self.send(Message.new_signal(path=path, interface=interface, member=member,
-                                         signature=signature, body=body))
+            self.send(Message(message_type=MessageType.SIGNAL, destination=destination or None,
+                              path=path, interface=interface, member=member,
+                              signature=signature, body=body))
 
     # -- the object manager ------------------------------------------------------------
     def interfaces_added(self, path: str, interfaces: dict[str, dict[str, Variant]],

@@ -681,13 +681,13 @@ class ManagerInterface(Interface):
                                 ClaimInterface, {"State": claim.state,
                                                  "GPUUUIDs": list(claim.gpus)}), []]))
                 out.append((self.bus.emit, claim_path(claim.id), CLAIM_IFACE, "Granted", "a{sv}",
-                            [self.view.grant(claim)]))
+                            [self.view.grant(claim)], claim.reply_to))
             elif isinstance(event, ClaimReleased):
                 iface = self._claims.pop(claim.id, None)
                 if claim.id in self._waiting:  # it left the queue ungranted
                     self._waiting.discard(claim.id)
                     out.append((self.bus.emit, claim_path(claim.id), CLAIM_IFACE, "Cancelled",
-                                "s", [event.reason]))
+                                "s", [event.reason], claim.reply_to))
                 if iface is not None:
                     out.append((self.bus.unexport, claim_path(claim.id), iface, False))
                 out.append((self.bus.interfaces_removed, claim_path(claim.id), (CLAIM_IFACE,)))

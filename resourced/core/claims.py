@@ -75,6 +75,7 @@ class ClaimRequest:
     queue_deadline_usec: int = 0  # when waiting, leave the queue then; 0 = never
     end_usec: int = 0  # when granted, end then; 0 = no end
     session: str = ""  # the agent session it belongs to (see check_session)
+    reply_to: str = ""  # who is told a queued claim's outcome (a bus name; "" = everyone)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -154,6 +155,7 @@ class Claim:
     overdue: bool = False         # past until_usec: a booking may ask it back
     session: str = ""             # the agent session it belongs to
     job: str = ""                 # the Slurm job id of a claim in mode slurm
+    reply_to: str = ""            # who is told a queued claim's outcome ("" = everyone)
 
     @property
     def shared(self) -> bool:

@@ -624,6 +624,39 @@ def test_an_equal_priority_waiter_does_not_ask_back(pools_daemon):
         c.release(waiter.ref)
 
 
+def test_a_waiters_outcome_is_sent_to_the_connection_that_asked_alone(pools_daemon):
+    """No match rule, no second call: the waiter's ``Granted`` is addressed to it, so a
+    stranger watching the claim's path sees its state change but not the grant."""
+    with Client() as c:
+        held = hold_slots(c, 2)
+        waiter = Waiter(slots=1)
+        [waiting] = eventually(queue)
+        with claim_watch(waiting["id"]) as watch:
+            c.release(held)
+            assert waiter.outcome().granted, waiter.error
+            eventually(lambda: watch.changed("State"), what="the stranger's PropertiesChanged")
+            assert [m for m, _ in watch.members()] == []
+        assert waiter.ref == waiting["id"]
+        c.release(waiter.ref)
+
+
+def test_a_waiter_hears_of_its_grant_across_a_restart_of_the_daemon(pools_daemon, start_daemon,
+                                                                     tmp_path):
+    with Client() as c:
+        held = hold_slots(c, 2)
+    waiter = Waiter(slots=1, timeout=30)
+    [waiting] = eventually(queue)
+    pools_daemon.proc.kill()
+    pools_daemon.proc.wait(5)
+    start_daemon(gpus="3", args=["--config", str(tmp_path / "config.toml")],
+                 runtime_dir=pools_daemon.runtime_dir)
+    with Client() as c:
+        c.release(held)
+        assert waiter.outcome().granted, waiter.error
+        assert waiter.ref == waiting["id"]
+        c.release(waiter.ref)
+
+
 @pytest.mark.parametrize("how", ["cancelled", "timed out", "served otherwise"])
 def test_a_waiter_that_goes_away_withdraws_its_request(pools_daemon, how):
     with Client() as c:
