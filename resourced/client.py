@@ -79,6 +79,12 @@ _QUEUE_CHANGES = MatchRule(sender=BUS_NAME, type="signal", interface=MANAGER_IFA
 """ClaimNew, ClaimRemoved (and the Manager's other signals): when a waiter's place may move."""
 
 
+def _method_call(address: DBusAddress, method: str, signature: str | None = None,
+                 body: tuple = ()):
+    """A method call, written by ``wire`` (a fifth of jeepney's time for a claim)."""
+    return wire.fast(new_method_call(address, method, signature, body))
+
+
 _OUTCOMES = MatchRule(type="signal", interface=CLAIM_IFACE)
 """A waiting claim's ``Granted`` or ``Cancelled``, which the daemon sends to the connection
 that made the claim alone: the bus delivers it there without a match rule."""
@@ -182,7 +188,7 @@ class _Base:
 
     # -- messages ----------------------------------------------------------------------
     def _call(self, method: str, signature: str | None = None, body: tuple = ()):
-        msg = new_method_call(_MANAGER, method, signature, body)
+        msg = _method_call(_MANAGER, method, signature, body)
         if self.interactive:
             msg.header.flags |= MessageFlag.allow_interactive_authorization
         return msg
@@ -253,15 +259,15 @@ class _Base:
     @staticmethod
     def _get_property(name: str, path: str = MANAGER_PATH, interface: str = MANAGER_IFACE):
         props = DBusAddress(path, bus_name=BUS_NAME, interface="org.freedesktop.DBus.Properties")
-        return new_method_call(props, "Get", "ss", (interface, name))
+        return _method_call(props, "Get", "ss", (interface, name))
 
     @staticmethod
     def _name_has_owner():
-        return new_method_call(_DBUS, "NameHasOwner", "s", (BUS_NAME,))
+        return _method_call(_DBUS, "NameHasOwner", "s", (BUS_NAME,))
 
     @staticmethod
     def _owner_uid():
-        return new_method_call(_DBUS, "GetConnectionUnixUser", "s", (BUS_NAME,))
+        return _method_call(_DBUS, "GetConnectionUnixUser", "s", (BUS_NAME,))
 
     def _shared_target(self) -> SharedTarget | None:
         """The shared bus to use: named (``bus="shared"``), or set up for this account
@@ -584,7 +590,7 @@ class Client(_Base):
 
     def ping(self) -> None:
         """A bare round trip to the daemon (org.freedesktop.DBus.Peer.Ping)."""
-        self._send(new_method_call(_PEER, "Ping"))
+        self._send(_method_call(_PEER, "Ping"))
 
     # -- bookings (see booking_calls for the arguments) --------------------------------
     def book(self, duration, gpus=None, start=None, **request) -> dict:
@@ -1007,7 +1013,7 @@ class AsyncClient(_Base):
         return self._decode_verify(await self._send(self._call("Verify")))
 
     async def ping(self) -> None:
-        await self._send(new_method_call(_PEER, "Ping"))
+        await self._send(_method_call(_PEER, "Ping"))
 
     async def close(self) -> None:
         if self._router_cm is not None:

@@ -3,6 +3,7 @@ orders, messages split anywhere), and where it hands over to jeepney."""
 
 import os
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jeepney import DBusAddress, new_method_call, new_method_return, new_signal
@@ -140,3 +141,32 @@ def test_install_leaves_a_parser_it_does_not_know_alone():
     wire.install(Connection)
     wire.install(None)
     assert type(Connection.parser) is Other
+
+
+# -- writing ---------------------------------------------------------------------------
+
+
+@settings(max_examples=400, deadline=None)
+@given(bodies(), st.sampled_from(["Do", "Release"]), st.integers(1, 2**32 - 1),
+       st.sampled_from([0, 4]))
+def test_it_writes_what_jeepney_writes(body, member, serial, flags):
+    sig, values = body
+    address = DBusAddress("/org/resourced/claim/c1", bus_name="org.resourced",
+                          interface="org.resourced.X")
+    expected = new_method_call(address, member, sig or None, values)
+    expected.header.flags |= flags
+    ours = wire.fast(new_method_call(address, member, sig or None, values))
+    ours.header.flags |= flags
+    assert ours.serialise(serial=serial) == expected.serialise(serial=serial)
+    assert ours.serialise(serial=serial) == expected.serialise(serial=serial)  # (cached)
+
+
+@given(st.sampled_from([("u", (-1,)), ("s", (5,)), ("a{sv}", ({"k": ("u", "x")},)),
+                        ("(us)", ((1,),))]))
+def test_what_it_cannot_write_fails_as_jeepney_says(case):
+    sig, values = case
+    address = DBusAddress("/x", bus_name="org.resourced", interface="org.resourced.X")
+    with pytest.raises(Exception) as jeepneys:
+        new_method_call(address, "Do", sig, values).serialise(serial=1)
+    with pytest.raises(type(jeepneys.value)):
+        wire.fast(new_method_call(address, "Do", sig, values)).serialise(serial=1)
