@@ -88,6 +88,7 @@ from .names import (
 from .options import parse_options
 from .polkit import CLAIM, MANAGE, RELEASE_OTHER, RESERVE, Authority, GroupAuthority, SharedAccess
 from .pool import PoolInterface
+from .throttle import Throttle
 
 R = PropertyAccess.READ
 PROPERTIES_IFACE = "org.freedesktop.DBus.Properties"
@@ -158,6 +159,7 @@ class ManagerInterface(Interface):
         self._gpus: dict[str, GpuInterface] = {}
         self._claims: dict[str, ClaimInterface] = {}  # the claim objects exported so far
         self._waiting: set[str] = set()  # queued claims (their outcome is signalled so)
+        self._totals = Throttle(self._announce_totals)
         self._users: dict[int, UserInterface] = {}  # per-user signal objects, made when needed
         self._texts = BookingTexts()
         self.view = StateView(engine, mode, health)
@@ -731,18 +733,29 @@ class ManagerInterface(Interface):
             gpu = self._gpus[uuid]
             out.append((gpu.emit_properties_changed, {
                 "State": gpu.State, "ClaimID": gpu.ClaimID, "VRAMUsedBytes": gpu.VRAMUsedBytes}))
-        for name in touched_pools:
-            out.append((self._pools[name].emit_properties_changed, {"Free": self._pools[name].Free}))
-        if events and any(isinstance(e, (ClaimQueued, ClaimGranted, ClaimReleased)) for e in events):
-            out.append((self.emit_properties_changed, {
-                "FreeGPUs": self.engine.free_count(),
-                "NClaims": len(self.engine.ledger.claims),
-                "NQueued": self.engine.ledger.queued_count(),
-            }))
+        totals = [name for name in touched_pools if self._totals.due_now(name)]
+        if events and any(isinstance(e, (ClaimQueued, ClaimGranted, ClaimReleased))
+                          for e in events) and self._totals.due_now(MANAGER_PATH):
+            totals.append(MANAGER_PATH)
+        if totals:
+            out.append((self._announce_totals, totals))
         # Two hops: the reply of an async method is sent from a callback scheduled when it
         # returns, which is after this one.
         loop = asyncio.get_running_loop()
         loop.call_soon(loop.call_soon, self._run_all, out)
+
+    def _announce_totals(self, keys: list[str]) -> None:
+        """PropertiesChanged of the totals ``keys`` name (the Manager's path, pool names),
+        with their values now; at most once per key and ``throttle.INTERVAL``."""
+        with self.bus.batch():
+            for key in keys:
+                if key == MANAGER_PATH:
+                    self.emit_properties_changed({
+                        "FreeGPUs": self.engine.free_count(),
+                        "NClaims": len(self.engine.ledger.claims),
+                        "NQueued": self.engine.ledger.queued_count()})
+                elif key in self._pools:  # (gone after a reload that removed it)
+                    self._pools[key].emit_properties_changed({"Free": self._pools[key].Free})
 
     def _run_all(self, calls: list[tuple]) -> None:
         with self.bus.batch():  # one write for them all
