@@ -22,7 +22,6 @@ properties, read from the record without exporting) just before ``ClaimNew``, an
 exported.
 """
 
-import asyncio
 import json
 
 from dbus_fast import Message, MessageType, PropertyAccess, Variant
@@ -739,10 +738,7 @@ class ManagerInterface(Interface):
             totals.append(MANAGER_PATH)
         if totals:
             out.append((self._announce_totals, totals))
-        # Two hops: the reply of an async method is sent from a callback scheduled when it
-        # returns, which is after this one.
-        loop = asyncio.get_running_loop()
-        loop.call_soon(loop.call_soon, self._run_all, out)
+        self.bus.after_reply(self._run_all, out)
 
     def _announce_totals(self, keys: list[str]) -> None:
         """PropertiesChanged of the totals ``keys`` name (the Manager's path, pool names),
