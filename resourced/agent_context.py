@@ -11,8 +11,9 @@ import functools
 import os
 import time
 
-SCHEMA = 1
-"""The version of ``agent context --json``: keys are added, never changed, within one."""
+SCHEMA = 2
+"""The version of ``agent context --json``: keys are added, never changed, within one.
+2: ``next`` has the fixed keys ``one_gpu`` and ``all_gpus`` (1 named them by shape)."""
 
 CLAIM_KEYS = ("id", "mode", "state", "gpus", "gpu_indices", "vram_bytes", "pools", "until_usec",
               "until_booking", "task_name", "label", "session")
@@ -26,6 +27,16 @@ when there are more (``gpuctl bookings --json`` and the MCP ``list`` tool give t
 an agent reads a context, not a calendar of thousands."""
 
 USEC_PER_HOUR = 3600 * 1_000_000
+
+NEXT_FOR = 3600
+"""Seconds: the context's ``next`` places are for an hour."""
+
+HISTORY = 7 * 86400
+"""Seconds: ``usage`` gives the history of this last week (``gpuctl usage``'s default)."""
+
+HISTORY_KEYS = ("claims", "bookings", "held_gpu_hours", "used_gpu_hours", "idle_gpu_hours",
+                "booked_gpu_hours", "booked_idle_gpu_hours")
+"""What ``usage`` says of my history (a row of ``gpuctl usage --json``; 0 for none)."""
 
 
 def iso_utc(usec: int) -> str:
@@ -60,11 +71,8 @@ def context(c) -> dict:
     mine = [b for b in c.bookings(since=now / 1e6, limit=CONTEXT_BOOKINGS + 1)
             if b["state"] != "ended"]
     gpus = len(state["gpus"])
-    shapes = {"1 GPU for 1h": {"gpus": 1}} if gpus else {}
-    if gpus > 1:
-        shapes[f"{gpus} GPUs for 1h"] = {"gpus": gpus}
-    upcoming = {shape: next(iter(c.slots(3600, count=1, **ask)), None)
-                for shape, ask in shapes.items()}
+    upcoming = {n: next(iter(c.slots(NEXT_FOR, count=1, gpus=n)), None)
+                for n in {1, gpus} if 0 < n <= gpus}
     uid = os.getuid()
     claims = [k for k in state["claims"] if k["uid"] == uid]
     free_gpus = [g["alias"] for g in state["gpus"] if g["state"] == "free"]
@@ -86,7 +94,8 @@ def context(c) -> dict:
                            for g in state["gpus"] if g["state"] != "claimed"},
             "pools": {p["name"]: p["free"] for p in state["pools"]},
         },
-        "next": {shape: with_times(slot) if slot else None for shape, slot in upcoming.items()},
+        "next": {name: next_place(n, upcoming.get(n))
+                 for name, n in (("one_gpu", 1), ("all_gpus", gpus))},
         "queue": [{key: k[key] for key in QUEUE_KEYS}
                   for ref in state["queue"] for k in state["claims"] if k["id"] == ref],
         "health": {"level": state["health"]["level"],
@@ -103,6 +112,15 @@ def context(c) -> dict:
             "instructions": "gpuctl agent instructions",
         },
     }
+
+
+def next_place(gpus: int, slot: dict | None) -> dict:
+    """One of the context's ``next`` places: ``gpus`` GPUs for ``duration_s``, at the
+    earliest ``start`` (it and the rest None where it fits nowhere within the booking
+    horizon)."""
+    where = with_times(slot) if slot else dict.fromkeys(
+        ("start", "end", "start_usec", "end_usec", "gpu_indices"))
+    return {"gpus": gpus, "duration_s": NEXT_FOR, **where}
 
 
 def my_session() -> str:
@@ -161,12 +179,14 @@ def holdings(c) -> dict:
 
 def usage(c) -> dict:
     """What I hold now and what I have booked ahead, summed (an active booking counts in
-    both: its claim is held now, and the rest of it is booked).  Not a history: what was
-    used before now is not recorded anywhere yet."""
+    both: its claim is held now, and the rest of it is booked), and my ``history`` of the
+    last week from the daemon's usage history (as ``gpuctl usage --user ME``)."""
     from .booking_calls import now_usec
 
     now = now_usec()
     mine = holdings(c)
+    since = now - HISTORY * 1_000_000
+    past = next(iter(c.usage(since=since / 1e6, until=now / 1e6, uid=os.getuid())), {})
     granted = [k for k in mine["claims"] if k["state"] == "granted"]
     whole = [k for k in granted if not k["vram_bytes"]]
     pools: dict[str, int] = {}
@@ -195,7 +215,6 @@ def usage(c) -> dict:
             "next_start": min((b["start"] for b in ahead if b["start_usec"] > now),
                               default=None),
         },
-        "history": None,
-        "note": "what is held now and booked from now on; a history of past use is not "
-                "recorded yet",
+        "history": {"since": iso_utc(since), "until": iso_utc(now),
+                    **{key: past.get(key, 0) for key in HISTORY_KEYS}},
     }

@@ -14,7 +14,8 @@
     ├── AccessDenied                the bus or polkit said no
     ├── InteractionRequired         polkit would allow it after authentication
     ├── DaemonUnreachable           nobody owns org.resourced (client side only)
-    ├── LimitExceeded               a per-user limit (claims, waiting claims) is reached
+    ├── LimitExceeded               a per-user or per-session limit (claims, waiting
+    │                               claims, GPUs, booked GPU-hours) is reached
     └── Internal                    anything unexpected; details are in the daemon's log
 
 The core raises these; the bus adapter turns ``code`` into a D-Bus error name
@@ -131,7 +132,8 @@ class DaemonUnreachable(ResourcedError):
 
 
 class LimitExceeded(ResourcedError):
-    """The caller already has as many claims (or waiting claims) as one user may."""
+    """A request would pass a per-user or per-session limit of the configuration (claims,
+    waiting claims, GPUs, booked GPU-hours); the message names the setting."""
 
     code = "LimitExceeded"
 

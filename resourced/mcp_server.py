@@ -14,7 +14,7 @@ come back as tool errors whose text starts with the error's code
 (``NotEnoughGPUs: ...``).  Resources: ``resourced://context`` and ``resourced://usage``;
 prompt: ``plan_gpu_work``.  No tool runs a command.
 
-    resourced-mcp [--bus session|system]
+    resourced-mcp [--bus session|system|shared]
 """
 
 import json
@@ -50,8 +50,11 @@ so every other user relies on you following it.
   returned (CUDA_VISIBLE_DEVICES). Then `release` the claim.
 - Errors start with a code: InvalidArgs (fix the request, do not retry), NotEnoughGPUs or
   NotEnoughCapacity (retry later, or book: the message names the nearest start),
-  GPUsBusy (the free GPUs run someone's unclaimed processes), LimitExceeded (release
-  something first), StillInUse (stop your processes on the GPUs first, or force),
+  GPUsBusy (the free GPUs run someone's unclaimed processes), LimitExceeded (a limit of
+  yours or your session's, named in the message: release something first), StillInUse
+  (stop your processes on the GPUs first, or force), NoSuchClaim (no such claim or
+  booking: it ended, or the ref is wrong), NotClaimOwner (it is someone else's: leave it),
+  InteractiveAuthorizationRequired (only an administrator may do that),
   DaemonUnreachable (the daemon is not running).
 """
 
@@ -208,8 +211,9 @@ def build_server(link: Bus | None = None):
     @tool(reading)
     async def context() -> Answer:
         """Everything to look at first, in one call (the same JSON as `gpuctl agent context
-        --json`, schema 1): me, what I hold (claims, bookings), what is free, the next places
-        for 1 and for all GPUs, the queue, health, notices, my limits, the commands to use."""
+        --json`, versioned by its schema field): me, what I hold (claims, bookings), what is
+        free, the next places for one and for all GPUs, the queue, health, notices, my
+        limits, the commands to use."""
         return await ask(agent_context.context)
 
     @tool(reading)
@@ -330,17 +334,19 @@ def build_server(link: Bus | None = None):
     @tool(reading)
     async def usage() -> Answer:
         """What I hold now (claims, whole GPUs, VRAM shares, pools) and what I have booked
-        from now on (bookings, GPU-hours, VRAM GiB-hours, the next start), summed. Not a
-        history: past use is not recorded yet, so this says nothing about it."""
+        from now on (bookings, GPU-hours, VRAM GiB-hours, the next start), summed; and my
+        history of the last week (GPU-hours held, used and held idle; claims and bookings),
+        from the daemon's usage history."""
         return await ask(agent_context.usage)
 
     @server.resource("resourced://context", name="context", mime_type="application/json",
-                     description="The same JSON as the context tool (schema 1).")
+                     description="The same JSON as the context tool.")
     async def context_resource() -> str:
         return await read(agent_context.context)
 
     @server.resource("resourced://usage", name="usage", mime_type="application/json",
-                     description="What I hold now and have booked ahead, summed (no history).")
+                     description=("The same JSON as the usage tool: what I hold now and "
+                                  "have booked ahead, and my history of the last week."))
     async def usage_resource() -> str:
         return await read(agent_context.usage)
 

@@ -77,13 +77,16 @@ def context(bus, as_json):
     if as_json:
         emit_json(data)
         return
+    from ..when import format_span
+
     held = data["holding"]
     click.echo(f"{data['me']['user']} (uid {data['me']['uid']}) on the {data['daemon']['bus']} bus")
     click.echo(f"holding: {len(held['claims'])} claim(s), {len(held['bookings'])} booking(s)")
     free = data["free"]
     click.echo(f"free now: {len(free['gpus'])} GPU(s) {', '.join(free['gpus']) or ''}".rstrip())
-    for shape, slot in data["next"].items():
-        click.echo(f"next for {shape}: {slot['start'] if slot else 'nowhere'}")
+    for place in data["next"].values():
+        click.echo(f"next {place['gpus']} GPU(s) for {format_span(place['duration_s'])}: "
+                   f"{place['start'] or 'nowhere'}")
     click.echo(f"queue: {len(data['queue'])} waiting; health: {data['health']['level']}")
     for notice in data["notices"]:
         click.echo(f"NOTICE: {notice['text']}")

@@ -52,16 +52,22 @@ def test_context_says_what_i_hold_what_is_free_and_when_next(agent_env):
     booked = run(env, "book", "--gpus", "2", "--for", "1h", "--at", "+30m").strip()
     claimed = run(env, "claim", "--gpus", "1", "--owner-pid", str(daemon.proc.pid)).strip()
     data = json.loads(run(env, "agent", "context", "--json"))
-    assert set(data) == CONTEXT_KEYS and data["schema"] == 1
+    assert set(data) == CONTEXT_KEYS and data["schema"] == 2
     assert data["me"]["uid"] == os.getuid()
     assert [c["id"] for c in data["holding"]["claims"]] == [claimed]
     assert data["holding"]["claims"][0]["until_booking"] == booked
     assert [b["id"] for b in data["holding"]["bookings"]] == [booked]
     assert data["free"]["gpus"] == ["gpu1"]
-    assert data["next"]["1 GPU for 1h"]["start"] == "2026-12-01T10:30:00Z"
+    assert set(data["next"]) == {"one_gpu", "all_gpus"}  # whatever the machine's GPU count
+    for name, gpus in (("one_gpu", 1), ("all_gpus", 2)):
+        place = data["next"][name]
+        assert (place["gpus"], place["duration_s"]) == (gpus, 3600)
+        assert (place["start"], place["end"]) == ("2026-12-01T10:30:00Z", "2026-12-01T11:30:00Z")
     assert data["limits"]["max_claims_per_user"] == 1024
     assert "--owner-pid" in data["commands"]["claim"]
-    assert "1 claim(s), 1 booking(s)" in run(env, "agent", "context")
+    text = run(env, "agent", "context")
+    assert "1 claim(s), 1 booking(s)" in text
+    assert "next 2 GPU(s) for 1h: 2026-12-01T10:30:00Z" in text
 
 
 def test_recommend_runs_now_what_fits_now_and_books_what_fits_later(agent_env):

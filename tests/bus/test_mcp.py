@@ -16,6 +16,7 @@ from mcp import ClientSession
 from mcp.client import stdio
 
 from resourced.client import Client
+from resourced.mcp_server import INSTRUCTIONS
 
 from ..conftest import eventually
 from .test_agent import CONTEXT_KEYS
@@ -71,7 +72,9 @@ def test_tools_say_what_they_do_and_every_write_needs_an_operation_id():
         assert "operation_id" in tools[name].input_schema["required"], name
         assert tools[name].input_schema["properties"]["dry_run"]["type"] == "boolean"
     assert tools["claim"].input_schema["properties"]["owner_pid"]["anyOf"][0]["type"] == "integer"
-    assert "history" in tools["usage"].description
+    assert "history of the last week" in tools["usage"].description
+    for code in ("NoSuchClaim", "NotClaimOwner", "InteractiveAuthorizationRequired"):
+        assert code in INSTRUCTIONS, code
 
 
 def test_the_context_tool_is_the_agent_context(clocked_daemon):
@@ -81,10 +84,10 @@ def test_the_context_tool_is_the_agent_context(clocked_daemon):
         return await call(s, "context"), await s.call_tool("context", {})
 
     data, raw = session(scenario)
-    assert set(data) == CONTEXT_KEYS and data["schema"] == 1
+    assert set(data) == CONTEXT_KEYS and data["schema"] == 2
     assert data["me"]["uid"] == os.getuid() and data["now"] == "2026-12-01T09:00:00Z"
     assert data["free"]["gpus"] == ["gpu0", "gpu1"]
-    assert json.loads(raw.content[0].text)["schema"] == 1   # the same as text, for any client
+    assert json.loads(raw.content[0].text)["schema"] == 2   # the same as text, for any client
 
 
 def test_a_booking_is_replayed_by_its_operation_id_and_a_conflict_names_its_code(clocked_daemon):
@@ -216,7 +219,27 @@ def test_usage_sums_what_i_hold_and_have_booked_ahead(clocked_daemon):
     assert used["booked_ahead"]["bookings"] == 2
     assert used["booked_ahead"]["gpu_hours"] == 4.0
     assert used["booked_ahead"]["next_start"] == "2026-12-01T10:00:00Z"
-    assert used["history"] is None
+
+
+def test_usage_has_my_history_of_the_last_week(clocked_daemon, clock):
+    clocked_daemon(gpus=2)
+
+    async def scenario(s):
+        ref = (await call(s, "claim", operation_id="c", gpus=1))["allocation"]["ref"]
+        clock.set("2026-12-01T11:00:00Z")  # held for 2 h, never used
+        live = await call(s, "usage")
+        await call(s, "release", operation_id="r", ref=ref)
+        return live, await call(s, "usage"), json.loads(
+            (await s.read_resource("resourced://usage")).contents[0].text)
+
+    live, ended, read = session(scenario)
+    assert live["history"] == {"since": "2026-11-24T11:00:00Z", "until": "2026-12-01T11:00:00Z",
+                               "claims": 1, "bookings": 0, "held_gpu_hours": 2.0,
+                               "used_gpu_hours": 0.0, "idle_gpu_hours": 2.0,
+                               "booked_gpu_hours": 0.0, "booked_idle_gpu_hours": 0.0}
+    assert ended["history"] == live["history"]       # released: from the recorded history
+    assert ended["holding"]["claims"] == 0
+    assert read["history"] == ended["history"]       # the resource says the same
 
 
 def test_recommend_runs_now_what_fits_now_and_books_what_fits_later(clocked_daemon):
@@ -273,7 +296,7 @@ def test_resources_and_the_prompt(clocked_daemon):
     assert set(listed) == {"resourced://context", "resourced://usage"}
     assert all(r.mime_type == "application/json" for r in listed.values())
     data = json.loads(context.contents[0].text)
-    assert set(data) == CONTEXT_KEYS and data["schema"] == 1
+    assert set(data) == CONTEXT_KEYS and data["schema"] == 2
     assert json.loads(usage.contents[0].text)["holding"]["claims"] == 0
     assert [(a.name, a.required) for a in prompts["plan_gpu_work"].arguments] == [
         ("what", True), ("gpus", False), ("duration", False)]

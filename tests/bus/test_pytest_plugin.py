@@ -1,8 +1,13 @@
 """The pytest plugin, through pytest's own pytester: marked tests run on claimed GPUs."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
+from ..conftest import eventually
+
 pytest_plugins = ["pytester"]
+TIMEOUT = 60  # seconds: for a run of pytest, and for its claim to queue
 
 TESTS = """
 import os, pytest
@@ -44,6 +49,31 @@ def test_without_room_marked_tests_are_skipped_with_the_reason(start_daemon, pyt
         result.assert_outcomes(passed=1, skipped=2)
         result.stdout.fnmatch_lines(["*resourced: NotEnoughGPUs*"])
         c.release(ref)
+
+
+def test_with_resourced_wait_marked_tests_wait_for_the_gpus_and_run(start_daemon, pytester,
+                                                                      owner):
+    start_daemon(gpus=2)
+    from resourced.client import Client
+
+    pytester.makepyfile(TESTS)
+    with Client() as c:
+        ref = c.claim(mode="dev", gpus=2, owner_pid=owner.pid)["allocation"]["ref"]
+    skipped = pytester.runpytest_subprocess("-rs", timeout=TIMEOUT)
+    skipped.assert_outcomes(passed=1, skipped=2)   # without the flag: skipped
+
+    def release_once_queued():
+        with Client() as c:
+            eventually(lambda: c.status()["queue"], timeout=TIMEOUT, what="pytest's claim queued")
+            c.release(ref)
+
+    with ThreadPoolExecutor(1) as pool:
+        released = pool.submit(release_once_queued)
+        waited = pytester.runpytest_subprocess("--resourced-wait", timeout=TIMEOUT)
+        released.result(timeout=TIMEOUT)
+    waited.assert_outcomes(passed=3)
+    with Client() as c:
+        assert c.status()["claims"] == []
 
 
 @pytest.mark.usefixtures("start_daemon")
