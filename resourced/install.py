@@ -1,9 +1,10 @@
 """What `gpuctl service enable/disable` writes, removes and runs: a plan, made without side effects.
 
-The unit and bus files live in the source tree (``systemd/``, ``dbus/``; ``polkit/`` later)
-as templates. ``plan_enable`` fills in the interpreter and config path and says where each
-file goes; ``plan_disable`` is its inverse. Nothing here writes a file or runs a command:
-the CLI (``resourced.cli.service``) does, or prints the plan with ``--dry-run``.
+The unit, bus and polkit files live in the source tree (``systemd/``, ``dbus/``,
+``polkit/``) as templates. ``plan_enable`` fills in the interpreter, the config path and
+the README the units' Documentation= names, and says where each file goes;
+``plan_disable`` is its inverse. Nothing here writes a file or runs a command: the CLI
+(``resourced.cli.service``) does, or prints the plan with ``--dry-run``.
 
 Every destination is given for the target system and prefixed with ``root`` (``/`` unless
 staging into a directory), while the commands always name the target's own paths, since
@@ -33,6 +34,7 @@ SHARED_UNIT = "resourced-shared.service"
 DEFAULT_SYSTEM_CONFIG = "/etc/resourced/config.toml"
 ACCOUNT = "resourced"
 SYSUSERS_CONF = "/etc/sysusers.d/resourced.conf"
+README = "README.md"  # beside the templates: the units' Documentation=
 
 Command = tuple[str, ...]
 
@@ -159,16 +161,18 @@ def plan_enable(
     if not GROUP_NAME.match(group) and not (mode == SHARED and group == ""):
         raise InstallError(f"{group!r} is not a valid group name")
     python = _absolute("interpreter", python)
+    sources = sources or source_dir()
+    # A file: URL percent-encodes what a unit would have to quote ($, spaces, quotes).
+    values = {"PYTHON": [python], "README": [(sources / README).absolute().as_uri()]}
     if mode == SYSTEM:
         config = _absolute("config file", config or DEFAULT_SYSTEM_CONFIG)
-        values = {"PYTHON": [python], "CONFIG": [config], "GROUP": [group]}
+        values |= {"CONFIG": [config], "GROUP": [group]}
     else:
         config = _absolute("config file", config) if config else None
-        values = {"PYTHON": [python], "CONFIG_OPTION": ["--config", config] if config else []}
+        values["CONFIG_OPTION"] = ["--config", config] if config else []
     if mode == SHARED:
         values["DIR"] = [_absolute("shared bus directory", shared_dir or "")]
         values["GROUP_OPTION"] = ["--group", group] if group else []
-    sources = sources or source_dir()
     files = tuple(
         FileToWrite(_under(root, target), render(_read(sources, t.source), values, t.syntax))
         for t, target in _targets(mode, env)
@@ -230,11 +234,9 @@ def render(text: str, values: Mapping[str, list[str]], syntax: str) -> str:
 
 
 def source_dir() -> Path:
-    """The directory holding ``systemd/`` and ``dbus/``: the source tree resourced runs from.
-
-    A wheel does not carry them; ``<prefix>/share/resourced`` is where a packaged
-    install would put them.
-    """
+    """The directory holding ``systemd/``, ``dbus/``, ``polkit/`` and the README: the source
+    tree resourced runs from (an editable install), else ``<prefix>/share/resourced``, where
+    a wheel puts them."""
     candidates = (Path(__file__).resolve().parent.parent, Path(sys.prefix, "share", "resourced"))
     for candidate in candidates:
         if (candidate / SYSTEM_FILES[0].source).is_file():

@@ -1,7 +1,9 @@
 """resourced.install: the plan that `gpuctl service enable/disable` carries out."""
 
+import shutil
 import sys
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 
@@ -248,3 +250,35 @@ def test_the_shared_plan_needs_an_absolute_directory(tmp_path, shared_dir):
 def test_systemd_accepts_the_shared_unit(tmp_path):
     assert_systemd_accepts(tmp_path, "resourced-shared.service",
                             _shared_plan(tmp_path).write[0].content)
+
+
+def _documentation(unit: str) -> Path:
+    """The file a rendered unit's Documentation= names, read as systemd reads it (%% is %)."""
+    [url] = [line.removeprefix("Documentation=") for line in unit.splitlines()
+             if line.startswith("Documentation=")]
+    assert url.startswith("file:///"), url
+    return Path(unquote(url.replace("%%", "%").removeprefix("file://")))
+
+
+def test_every_unit_names_the_readme_that_ships_beside_the_templates(tmp_path):
+    plans = (install.plan_enable("user", sys.executable, root=tmp_path, env=HOME_ENV),
+             install.plan_enable("system", sys.executable, root=tmp_path), _shared_plan(tmp_path))
+    units = {f.path.name: f.content for plan in plans for f in plan.write
+             if "systemd" in f.path.parts}
+    templates = install.source_dir() / "systemd"
+    assert set(units) == {p.name for p in templates.glob("*.service")}
+    for unit in units.values():
+        readme = _documentation(unit)
+        assert readme == install.source_dir() / "README.md" and readme.is_file()
+
+
+def test_a_readme_under_an_odd_path_is_named_as_systemd_reads_it(tmp_path):
+    sources = tmp_path / "a b%n$x'"
+    for part in ("systemd", "dbus"):
+        shutil.copytree(install.source_dir() / part, sources / part)
+    shutil.copy(install.source_dir() / "README.md", sources)
+    plan = install.plan_enable("user", sys.executable, root=tmp_path / "root", env=HOME_ENV,
+                               sources=sources)
+    unit = plan.write[0].content
+    assert _documentation(unit) == sources / "README.md"
+    assert_systemd_accepts(tmp_path, "resourced-user.service", unit)
