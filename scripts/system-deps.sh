@@ -23,6 +23,8 @@
 # The end-to-end tests of the terminal parts need, the same way:
 #   tmux          gpuctl top driven as a person would (send-keys, capture-pane)
 #   zsh           the shell hook in zsh as well as bash
+# The ObjectManager test (tests/bus/test_object_manager.py), the same way:
+#   python3-gi gir1.2-glib-2.0  GLib's object-manager client, for Debian's /usr/bin/python3
 set -eu
 PATH="$PATH:/usr/sbin:/sbin"
 missing=""
@@ -49,13 +51,15 @@ command -v dunst >/dev/null 2>&1 || optional="$optional dunst"
 command -v Xvfb >/dev/null 2>&1 || optional="$optional xvfb"
 command -v tmux >/dev/null 2>&1 || optional="$optional tmux"
 command -v zsh >/dev/null 2>&1 || optional="$optional zsh"
+/usr/bin/python3 -c 'import gi; gi.require_version("Gio", "2.0"); from gi.repository import Gio' \
+    2>/dev/null || optional="$optional python3-gi gir1.2-glib-2.0"
 
 if [ "$(id -u)" -ne 0 ]; then
     if [ -n "$system" ]; then
         echo "the multi-user tests (tests/system, run as root) would need:$system" >&2
     fi
     if [ -n "$optional" ]; then
-        echo "the tests with a real notification server, tmux and zsh would need:$optional" >&2
+        echo "the tests with a real notification server, tmux, zsh and GLib would need:$optional" >&2
     fi
     [ -z "$missing" ] && exit 0
     echo "resourced needs these Debian packages:$missing" >&2
