@@ -9,6 +9,7 @@ and shown in local time; the daemon stores UTC.  With the simulated backend, *no
 import click
 
 from ..agent_context import iso_utc, with_times
+from ..bus.names import JSON_SCHEMA
 from ._options import (
     Amount,
     Duration,
@@ -160,7 +161,7 @@ def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_nam
     if result["status"] == "created" and start is None and booking["start_usec"] > now:
         result["status"] = "queued"
     if as_json:
-        emit_json({**result, "booking": with_times(booking)})
+        emit_json({"schema": JSON_SCHEMA, **result, "booking": with_times(booking)})
         return
     if not dry_run:
         click.echo(booking["id"])
@@ -524,7 +525,8 @@ def timeline(hours, width, bus, as_json):
                  "start_usec": b["start_usec"], "end_usec": b["end_usec"], "kind": "booking",
                  "shared": b["shared"]} for b in found if b["state"] != "ended"]
     if as_json:
-        emit_json({"now_usec": now, "until_usec": end, "gpus": state["gpus"], "entries": entries})
+        emit_json({"schema": JSON_SCHEMA, "now_usec": now, "until_usec": end,
+                   "gpus": state["gpus"], "entries": entries})
         return
     gpus = [{"index": g["index"], "uuid": g["uuid"], "label": g["alias"]} for g in state["gpus"]]
     columns = width or min(shutil.get_terminal_size((100, 24)).columns, 200)
@@ -534,7 +536,8 @@ def timeline(hours, width, bus, as_json):
 # -- shown -------------------------------------------------------------------------------
 def _show_one(booking: dict, as_json: bool, dry_run: bool = False) -> None:
     if as_json:
-        emit_json({**with_times(booking), **({"dry_run": True} if dry_run else {})})
+        emit_json({"schema": JSON_SCHEMA, **with_times(booking),
+                   **({"dry_run": True} if dry_run else {})})
         return
     where = ", ".join(f"gpu{i}" for i in booking["gpu_indices"]) or "pools"
     state = booking["state"] if booking["state"] != "ended" else booking["ended"]

@@ -8,6 +8,7 @@ import time
 
 import click
 
+from ..bus.names import JSON_SCHEMA
 from ._options import (
     Amount,
     Duration,
@@ -386,8 +387,8 @@ def release(allocation, gpu, force, reason, dry_run, bus, as_json):
         else:
             ref, warnings = allocation, c.release(allocation, force=force, dry_run=dry_run)
     if as_json:
-        emit_json({"dry_run": True, "would_release": ref, "warnings": warnings} if dry_run
-                  else {"released": ref, "warnings": warnings})
+        emit_json({"schema": JSON_SCHEMA, "warnings": warnings,
+                   **({"dry_run": True, "would_release": ref} if dry_run else {"released": ref})})
     elif dry_run:
         _warn(warnings)
         click.echo(f"gpuctl: would release {ref} (dry run: nothing released)", err=True)

@@ -4,6 +4,7 @@ import os
 
 import click
 
+from ..bus.names import JSON_SCHEMA
 from ..config import ConfigError, find_config, load_config
 from ._errors import EXIT_USAGE, GpuctlError
 from ._options import emit_json, json_option
@@ -37,12 +38,12 @@ def check(file, system, as_json):
         cfg = load_config(path)
     except ConfigError as exc:
         if as_json:
-            emit_json({"path": exc.source if path is None else str(path), "ok": False,
-                       "error": str(exc), "config": None})
+            emit_json({"schema": JSON_SCHEMA, "path": exc.source if path is None else str(path),
+                       "ok": False, "error": str(exc), "config": None})
         raise GpuctlError(str(exc), EXIT_USAGE) from exc
     if as_json:
-        emit_json({"path": None if path is None else str(path), "ok": True, "error": None,
-                   "config": cfg.as_dict()})
+        emit_json({"schema": JSON_SCHEMA, "path": None if path is None else str(path),
+                   "ok": True, "error": None, "config": cfg.as_dict()})
     elif path is None:
         click.echo("no config file found; defaults apply")
     else:

@@ -50,8 +50,11 @@ def init(system, output, force, as_json):
     Example: gpuctl init --system
     """
     from ..backends import BackendError, select_backend
+    from ..bus.names import JSON_SCHEMA
     from ._errors import GpuctlError
 
+    if as_json and str(output) == "-":
+        raise click.UsageError("-o - prints the TOML itself; --json reports a file written")
     backend = select_backend()
     try:
         gpus = backend.inventory()
@@ -71,7 +74,7 @@ def init(system, output, force, as_json):
     tmp.write_text(text)
     tmp.replace(path)
     if as_json:
-        emit_json({"path": str(path), "backend": backend.name,
+        emit_json({"schema": JSON_SCHEMA, "path": str(path), "backend": backend.name,
                    "gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name} for g in gpus]})
     else:
         click.echo(f"wrote {path} ({len(gpus)} GPU(s), {backend.name} backend)", err=True)

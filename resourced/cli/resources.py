@@ -4,6 +4,7 @@ import os
 
 import click
 
+from ..bus.names import JSON_SCHEMA
 from ._errors import EXIT_USAGE, GpuctlError
 from ._options import bus_option, echo_table, emit_json, json_option
 
@@ -97,7 +98,7 @@ def resources(bus, as_json, config_file):
         source = "local"
         click.echo(f"daemon unreachable: measured locally from {where}", err=True)
     if as_json:
-        emit_json({**health, "source": source})
+        emit_json({"schema": JSON_SCHEMA, **health, "source": source})
     else:
         echo_table(render_resources(health))
     return 0

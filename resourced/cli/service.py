@@ -81,6 +81,7 @@ def enable(user, system, dry_run, root, config, shared_dir, group):
     resourced is installed in (for --system: one the 'resourced' account can read, such
     as a virtualenv under /opt). Exit 10: systemd is not running, the files are written.
 
+    \b
     Example: sudo /opt/resourced/bin/gpuctl service enable --system
     Example: gpuctl service enable --user --shared /srv/gpu-lab/resourced --group gpu-lab
     """

@@ -4,6 +4,7 @@ import time
 
 import click
 
+from ..bus.names import JSON_SCHEMA
 from ._options import bus_option, client, echo_table, emit_json, json_option
 
 MAX_HOLDERS = 5
@@ -171,7 +172,7 @@ def free(bus, as_json):
     with client(bus) as c:
         n = c.free()
     if as_json:
-        emit_json({"free": n})
+        emit_json({"schema": JSON_SCHEMA, "free": n})
     else:
         click.echo(n)
 
@@ -202,7 +203,6 @@ def verify(bus, as_json):
 
     Example: gpuctl verify --json
     """
-    from ..bus.names import JSON_SCHEMA
     from ..core.verify import PROBLEMS
 
     with client(bus) as c:

@@ -157,7 +157,7 @@ def test_book_prints_the_reference_and_a_summary(clocked_daemon):
 def test_book_json_says_created_queued_or_exists(clocked_daemon):
     clocked_daemon(gpus=2)
     created = ok_json("book", "--gpus", "2", "--for", "1h", "--at", "10:00", "--op-id", "job-42")
-    assert set(created) == {"status", "booking"}
+    assert set(created) == {"schema", "status", "booking"} and created["schema"] == 1
     assert created["status"] == "created"
     b = created["booking"]
     assert (b["start_usec"], b["end_usec"], b["op_id"]) == (
@@ -413,7 +413,7 @@ def test_edit_changes_what_it_is_given_and_keeps_the_rest(clocked_daemon):
     b = ok_json("edit", ref, "--earliest")
     assert (b["start_usec"], b["end_usec"], b["state"]) == (
         at("2026-12-01T09:30:00Z"), at("2026-12-01T10:30:00Z"), "scheduled")
-    assert by_ref(ref) == b
+    assert {**by_ref(ref), "schema": 1} == b   # the listed record, and the schema
 
 
 BAD_EDITS = {
@@ -720,7 +720,8 @@ def test_timeline_json(clocked_daemon):
     ref = book("--gpu", "1", "--for", "1h", "--at", "10:00")
     book("--for", "1h", "--at", "14:00")   # beyond 4 h
     data = ok_json("timeline", "--hours", "4")
-    assert (data["now_usec"], data["until_usec"]) == (at(NOW), at(NOW) + 4 * HOUR)
+    assert (data["schema"], data["now_usec"], data["until_usec"]) == (1, at(NOW),
+                                                                      at(NOW) + 4 * HOUR)
     assert [g["index"] for g in data["gpus"]] == [0, 1]
     uuid1 = data["gpus"][1]["uuid"]
     assert data["entries"] == [{
@@ -828,6 +829,11 @@ def test_dry_run_says_what_would_happen_and_changes_nothing(clocked_daemon):
         "dry-run"
     assert "would be" in ok("extend", ref, "--by", "1h", "--dry-run")
     assert ok_json("cancel", ref, "--dry-run", "--json")["dry_run"] is True
+    # Every calendar write says its schema, as status does.
+    for write in (("book", "--gpus", "1", "--for", "1h", "--at", "15:00"),
+                  ("edit", ref, "--at", "10:30"), ("extend", ref, "--by", "30m"),
+                  ("cancel", ref)):
+        assert ok_json(*write, "--dry-run")["schema"] == 1, write
     refused("book", "--gpus", "2", "--for", "1h", "--at", "10:30", "--dry-run", code=3,
             match="nearest start")
     assert ok_json("bookings", "--all", "--json") == before

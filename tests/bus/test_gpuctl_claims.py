@@ -199,14 +199,30 @@ def test_claim_pins_the_owner_by_start_time(daemon, owner):
 
 def test_release_and_init_speak_json_too(daemon, tmp_path):
     ref = gpuctl("claim", "--owner-pid", str(os.getpid())).stdout.strip()
+    r = gpuctl("release", "--allocation", ref, "--dry-run", "--json")
+    assert (r.returncode, json.loads(r.stdout)) == (
+        0, {"schema": 1, "dry_run": True, "would_release": ref, "warnings": []})
     r = gpuctl("release", "--allocation", ref, "--json")
-    assert (r.returncode, json.loads(r.stdout)) == (0, {"released": ref, "warnings": []})
+    assert (r.returncode, json.loads(r.stdout)) == (
+        0, {"schema": 1, "released": ref, "warnings": []})
     ref = gpuctl("claim", "--owner-pid", str(os.getpid())).stdout.strip()
     r = gpuctl("release", "--gpu", "0", "--force", "--reason", "test", "--json")
-    assert (r.returncode, json.loads(r.stdout)) == (0, {"released": ref, "warnings": []})
+    assert (r.returncode, json.loads(r.stdout)) == (
+        0, {"schema": 1, "released": ref, "warnings": []})
 
     path = tmp_path / "config.toml"
     r = gpuctl("init", "-o", str(path), "--json", env={"RESOURCED_SIMULATED_GPUS": "2"})
     data = json.loads(r.stdout)
     assert r.returncode == 0 and data["path"] == str(path) and data["backend"] == "simulated"
+    assert data["schema"] == 1
     assert [g["index"] for g in data["gpus"]] == [0, 1] and path.exists()
+
+
+def test_init_to_stdout_prints_the_toml_and_refuses_json():
+    env = {"RESOURCED_SIMULATED_GPUS": "2"}
+    r = gpuctl("init", "-o", "-", env=env)
+    assert r.returncode == 0 and r.stdout.count("\n[[gpu]]\n") == 2, r.stderr
+    r = gpuctl("init", "-o", "-", "--json", env=env)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert_one_gpuctl_line(r.stderr)
+    assert "-o - prints the TOML itself" in r.stderr

@@ -71,8 +71,41 @@ def test_free_json_and_text_agree_with_status(daemon, owner):
     as_json = gpuctl("free", "--json")
     as_text = gpuctl("free")
 
-    assert json.loads(as_json.stdout) == {"free": 1} == {"free": status_json()["free"]}
+    assert json.loads(as_json.stdout) == {"schema": 1, "free": 1}
+    assert status_json()["free"] == 1
     assert (as_text.returncode, as_text.stdout) == (0, "1\n")
+
+
+def documented_status_keys() -> tuple[set[str], ...]:
+    """The keys the README promises for status --json: its own, each GPU's, each pool's and
+    each claim's."""
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
+    found = re.search(r"`status --json` has the keys (.*?); each GPU (.*?); each pool (.*?);"
+                      r" and each claim (.*?) \(", text)
+    assert found, "the README no longer documents status's keys"
+    return tuple(set(re.findall(r"`(\w+)`", part)) for part in found.groups())
+
+
+def test_status_json_has_exactly_the_documented_keys(daemon, owner):
+    with Client() as c:
+        c.claim(mode="dev", gpus=1, owner_pid=owner.pid, cpu=1)
+
+    data = status_json()
+
+    top, gpu, pool, claim = documented_status_keys()
+    assert set(data) == top and data["schema"] == 1
+    assert all(set(g) == gpu for g in data["gpus"]) and data["gpus"]
+    assert all(set(p) == pool for p in data["pools"]) and data["pools"]
+    assert [set(c) for c in data["claims"]] == [claim]
+
+
+def test_resources_json_says_its_schema(daemon):
+    r = gpuctl("resources", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert (data["schema"], data["source"]) == (1, "daemon")
 
 
 def test_human_status_shows_claim_task_label_user_and_age(daemon, owner):

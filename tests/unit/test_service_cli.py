@@ -98,6 +98,14 @@ def test_help_ends_with_an_example(home, args):
     assert "--root" not in done.stdout
 
 
+def test_each_example_of_enable_is_a_line_of_its_own(home):
+    done = gpuctl("service", "enable", "--help", home=home)
+    examples = [line.strip() for line in done.stdout.splitlines() if "Example: " in line]
+    assert examples == [
+        "Example: sudo /opt/resourced/bin/gpuctl service enable --system",
+        "Example: gpuctl service enable --user --shared /srv/gpu-lab/resourced --group gpu-lab"]
+
+
 def test_the_service_commands_import_no_bus_library():
     code = ("import sys, resourced.cli.service; "
             "print(sorted(m for m in ('dbus_fast', 'jeepney') if m in sys.modules))")
