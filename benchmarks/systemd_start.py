@@ -15,7 +15,8 @@ not counted:
 * activation: the service stopped, the wall time of a `busctl call ... Describe` that
   starts it, against the same call to the running service.
 
-Root only (it boots systemd); figures, never pass/fail.
+Root only (it boots systemd); figures, never pass/fail. SIGTERM (like ^C) ends it through
+the namespace's teardown.
 
     sudo .venv/bin/python benchmarks/systemd_start.py [--rounds 5] [--claims 1000]
 """
@@ -35,6 +36,7 @@ from tests.systemd.harness import (
     Namespace,
     boot_with_resourced,
     missing_prerequisites,
+    sigterm_interrupts,
 )
 
 # Runs inside, with the venv's python: times systemctl and busctl there.
@@ -146,4 +148,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with sigterm_interrupts():  # raises in main, whose finally tears the namespace down
+        sys.exit(main())

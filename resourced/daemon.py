@@ -144,6 +144,7 @@ class Reloader:
     def __init__(self, path: Path | None, config: Config, engine: Engine, health: HealthMonitor):
         self.path = path
         self.config = config
+        self.started = config  # what needs a restart is what differs from this
         self.engine = engine
         self.health = health
 
@@ -157,7 +158,8 @@ class Reloader:
             raise
         finally:
             notify("READY=1")
-        applied, restart = reload_changes(self.config, new)
+        applied = reload_changes(self.config, new)[0]
+        restart = reload_changes(self.started, new)[1]
         self.engine.apply_settings(new.daemon)
         self.health.apply(new.checks, new.daemon.sample_interval, new.daemon.probe_timeout)
         self.config = new

@@ -25,7 +25,6 @@ RESOURCED_TESTS_REQUIRE_SYSTEM=1 (set by .ci/run) makes that a failure.
 """
 
 import os
-import signal
 import time
 
 import pytest
@@ -37,6 +36,7 @@ from .harness import (
     NamespaceError,
     boot_with_resourced,
     missing_prerequisites,
+    sigterm_interrupts,
 )
 
 REQUIRED = os.environ.get("RESOURCED_TESTS_REQUIRE_SYSTEM") == "1"
@@ -104,46 +104,36 @@ def rig():
         pytest.fail(f"{reason}; RESOURCED_TESTS_REQUIRE_SYSTEM=1 says they must run")
     if reason:
         pytest.skip(reason)
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _interrupt)
-    t0 = time.monotonic()
-    undone = Namespace.recover_stale()
-    if undone:
-        print(f"removed what killed runs left: {', '.join(undone)}")
-    ns = Namespace()
-    r = Rig(ns)
-    try:
-        boot_with_resourced(ns)
-        t = time.monotonic()
-        ns.run("touch", ENABLE_STAMP)
-        r.before_enable = ns.snapshot(*SNAPSHOT_PATHS)
-        r.accounts_before = {f: ns.run("cat", f).stdout for f in ACCOUNT_FILES}
-        done = ns.enable()
-        r.enable_output = done.stdout + done.stderr
-        ns.timings["service enable"] = time.monotonic() - t
-        if ns.show(UNIT, "ActiveState")["ActiveState"] != "active":
-            raise NamespaceError(f"{UNIT} is not active after enable:\n{r.enable_output}\n"
-                                 + ns.run("journalctl", "-u", UNIT, "--no-pager").stdout)
-        ns.timings["set-up in all"] = time.monotonic() - t0
-        yield r
-    finally:
-        t = time.monotonic()
+    with sigterm_interrupts():
+        t0 = time.monotonic()
+        undone = Namespace.recover_stale()
+        if undone:
+            print(f"removed what killed runs left: {', '.join(undone)}")
+        ns = Namespace()
+        r = Rig(ns)
         try:
-            problems = ns.stop()
+            boot_with_resourced(ns)
+            t = time.monotonic()
+            ns.run("touch", ENABLE_STAMP)
+            r.before_enable = ns.snapshot(*SNAPSHOT_PATHS)
+            r.accounts_before = {f: ns.run("cat", f).stdout for f in ACCOUNT_FILES}
+            done = ns.enable()
+            r.enable_output = done.stdout + done.stderr
+            ns.timings["service enable"] = time.monotonic() - t
+            if ns.show(UNIT, "ActiveState")["ActiveState"] != "active":
+                raise NamespaceError(f"{UNIT} is not active after enable:\n{r.enable_output}\n"
+                                     + ns.run("journalctl", "-u", UNIT, "--no-pager").stdout)
+            ns.timings["set-up in all"] = time.monotonic() - t0
+            yield r
         finally:
-            if previous == signal.SIG_DFL:
-                signal.signal(signal.SIGTERM, previous)
-        ns.timings["teardown"] = time.monotonic() - t
-        TIMINGS.update(ns.timings)
-        NOTES.extend(ns.notes)
-        if problems:
-            raise AssertionError("the systemd tests left things behind:\n  "
-                                 + "\n  ".join(problems))
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+            t = time.monotonic()
+            problems = ns.stop()
+            ns.timings["teardown"] = time.monotonic() - t
+            TIMINGS.update(ns.timings)
+            NOTES.extend(ns.notes)
+            if problems:
+                raise AssertionError("the systemd tests left things behind:\n  "
+                                     + "\n  ".join(problems))
 
 
 @pytest.fixture

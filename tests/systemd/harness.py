@@ -11,12 +11,15 @@ made from Debian's ``/usr/bin/python3`` with this source tree installed into it
 the service), and the namespace's own working directory.
 
 Nothing is left on the host: ``stop`` powers the namespace off (its mounts and processes
-go with it), removes the cgroup2 directories made for it, and deletes the directory. A
-run killed before its teardown leaves a journal (``owner.json``: its pid and the
-namespace's init, each with its start time); the next run undoes what such a run left
-(``recover_stale``), and never touches a live run's directory.
+go with it), removes the cgroup2 directories made for it (``systemd-ns-resourced-test-<pid>``),
+and deletes the directory. The directory is made before the cgroup and deleted after it,
+and its journal (``owner.json``: the run's pid and the namespace's init, each with its
+start time) stays while the cgroup does. The next run undoes what a killed run or a
+failed teardown left (``recover_stale``): from the journal, and a harness cgroup without
+its directory; it never touches a live run's.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -29,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().with_name("systemd-ns.sh")
 PREFIX = "/opt/resourced-test-"
+CGROUP_PREFIX = "systemd-ns-"  # + the directory's name: the run's cgroup2 directory
 DEBIAN_PYTHON = Path("/usr/bin/python3")
 SYSTEMD = Path("/lib/systemd/systemd")
 POLKITD = Path("/usr/lib/polkit-1/polkitd")
@@ -144,6 +148,24 @@ def _kill(pid_start, sig=signal.SIGKILL) -> None:
             pass
 
 
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """While in the block, SIGTERM raises KeyboardInterrupt, so the teardown in a
+    ``finally`` runs (a handler someone else installed is left alone)."""
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        if previous == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 # -- the namespace --------------------------------------------------------------------------
 class Namespace:
     """One booted systemd and the host directory it needs (``/opt/resourced-test-<pid>``)."""
@@ -158,7 +180,7 @@ class Namespace:
         self.init: tuple[int, int] | None = None
         self.unshare: tuple[int, int] | None = None
         cg2 = cgroup2_root()
-        self.cgroup = cg2 / f"systemd-ns-{self.dir.name}" if cg2 else None
+        self.cgroup = cg2 / f"{CGROUP_PREFIX}{self.dir.name}" if cg2 else None
         self.timings: dict[str, float] = {}
         self.ids: dict[str, int] = {}  # account name -> its pinned uid (and gid)
         self.launcher: subprocess.Popen | None = None
@@ -204,6 +226,12 @@ class Namespace:
                 continue  # a live run's
             ns.stop(graceful=False)
             undone.append(str(directory))
+        # A cgroup whose directory is gone: no live run's (the directory outlives it).
+        cg2 = cgroup2_root()
+        for cgroup in sorted(cg2.glob(f"{CGROUP_PREFIX}{Path(PREFIX).name}*") if cg2 else ()):
+            if not (Path(PREFIX).parent / cgroup.name[len(CGROUP_PREFIX):]).exists():
+                _remove_cgroup(cgroup)
+                undone.append(str(cgroup))
         return undone
 
     # -- set-up -----------------------------------------------------------------------------
@@ -468,7 +496,12 @@ class Namespace:
             time.sleep(0.02)
         if self.cgroup is not None and self.cgroup.exists():
             _remove_cgroup(self.cgroup)
-        if self.dir.exists():
+        if self.cgroup is not None and self.cgroup.exists():
+            # The journal stays, for the next run's recover_stale to try again.
+            for path in self.dir.iterdir() if self.dir.exists() else ():
+                if path.name != self.JOURNAL:
+                    _rm(path)
+        elif self.dir.exists():
             shutil.rmtree(self.dir, ignore_errors=True)
         return problems + self.leftovers()
 
@@ -488,6 +521,10 @@ class Namespace:
 
 
 def _remove_cgroup(path: Path) -> None:
+    """Remove a run's cgroup2 directory, deepest first; what still runs in it (a run's
+    namespace, whose processes only the run knew) is killed first."""
+    with contextlib.suppress(OSError):
+        (path / "cgroup.kill").write_text("1")  # Linux 5.14: the whole subtree
     deadline = time.monotonic() + 10
     while path.exists() and time.monotonic() < deadline:
         for d, _, _ in sorted(os.walk(path), key=lambda e: -e[0].count("/")):
@@ -497,6 +534,13 @@ def _remove_cgroup(path: Path) -> None:
                 pass
         if path.exists():
             time.sleep(0.05)
+
+
+def _rm(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _checked(argv: list[str], timeout: float, env: dict | None = None) -> None:

@@ -215,15 +215,48 @@ def test_reload_applies_a_changed_threshold(service):
     assert "applied: check" in reloaded[0], reloaded
 
 
+def test_reload_says_what_needs_a_restart(service):
+    """A ``[[pool]]`` is fixed for the life of a daemon: the reload leaves the running pools
+    and logs that the change waits for a restart; putting the file back needs none."""
+    ns = service.ns
+    original = ns.run("cat", CONFIG).stdout
+    invocation = _invocation(ns)
+
+    def reloads() -> list[dict]:
+        return [e for e in ns.journal(f"_SYSTEMD_INVOCATION_ID={invocation}")
+                if e.get("MESSAGE", "").startswith("configuration reloaded")]
+
+    before = len(reloads())
+    try:
+        ns.write(CONFIG, original + '\n[[pool]]\nname = "sdt-licenses"\ncapacity = 2\n')
+        ns.systemctl("reload", UNIT)
+        pending = ns.wait_for(lambda: reloads()[before:], 10, "the reload logged")[0]
+        assert pending["MESSAGE"].endswith("; applied: nothing; needs a restart: pool"), pending
+        assert pending["PRIORITY"] == "6"  # info
+        assert "sdt-licenses" not in {pool["name"] for pool in ns.status()["pools"]}
+    finally:
+        ns.write(CONFIG, original)
+        ns.systemctl("reload", UNIT)
+    back = ns.wait_for(lambda: reloads()[before + 1:], 10, "the reload back logged")[0]
+    assert back["MESSAGE"].endswith("; applied: nothing; needs a restart: nothing"), back
+
+
 def test_stop_ends_cleanly_within_timeout_stop_sec(service):
+    """The daemon says STOPPING=1 (systemd's debug log shows the notification from its pid),
+    and exits 0 on SIGTERM well within TimeoutStopSec, nothing left to kill."""
     ns = service.ns
     timeout_usec = int(ns.run("busctl", "get-property", "org.freedesktop.systemd1",
                               SERVICE_OBJECT, "org.freedesktop.systemd1.Service",
                               "TimeoutStopUSec").stdout.split()[1])
     invocation = _invocation(ns)
-    t = time.monotonic()
-    ns.systemctl("stop", UNIT, timeout=timeout_usec / 1e6 + 30)
-    took = time.monotonic() - t
+    pid = ns.show(UNIT, "MainPID")["MainPID"]
+    ns.systemctl("log-level", "debug")  # systemd logs each notification it gets
+    try:
+        t = time.monotonic()
+        ns.systemctl("stop", UNIT, timeout=timeout_usec / 1e6 + 30)
+        took = time.monotonic() - t
+    finally:
+        ns.systemctl("log-level", "info")
     FIGURES["systemctl stop"] = f"{took:.2f} s (TimeoutStopSec {timeout_usec / 1e6:g} s)"
     props = ns.show(UNIT, "ActiveState", "Result", "ExecMainCode", "ExecMainStatus")
     assert props == {"ActiveState": "inactive", "Result": "success", "ExecMainCode": "1",
@@ -231,7 +264,14 @@ def test_stop_ends_cleanly_within_timeout_stop_sec(service):
     assert took < min(timeout_usec / 1e6, 10)
     ns.wait_for(lambda: "resourced stopping" in _daemon_lines(ns, invocation), 10,
                 "the daemon's last words")
-    assert not [e for e in _unit_messages(ns, invocation) if "Killing" in e.get("MESSAGE", "")]
+    stopping = f"Got notification message from PID {pid} (STOPPING=1)"
+
+    def told():
+        messages = [e.get("MESSAGE", "") for e in _unit_messages(ns, invocation)]
+        return messages if any(m.endswith(stopping) for m in messages) else None
+
+    messages = ns.wait_for(told, 10, stopping)
+    assert not [m for m in messages if "Killing" in m]
     assert not ns.name_owned()
 
 

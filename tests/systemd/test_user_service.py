@@ -1,7 +1,8 @@
 """The per-user service under a real ``systemd --user``: systemd-logind started as a unit,
 lingering enabled for a test user (so ``user@UID.service`` runs her manager and her
 session bus, dbus-user-session's ``dbus.socket``), then ``gpuctl service enable --user``
-run by her, as README's single-user install says."""
+run by her, as README's single-user install says, and the notification agent that
+enable writes, started as README says (``systemctl --user enable --now``)."""
 
 import json
 from pathlib import Path
@@ -12,6 +13,7 @@ from .conftest import REQUIRED
 from .harness import NGPUS
 
 USER_UNIT = "resourced-user.service"
+NOTIFY_UNIT = "resourced-notify.service"
 USER_GPUS = 2  # not NGPUS: the answers must come from her daemon, not the system one
 # The user manager needs logind (systemd) and a session bus for it (dbus-user-session).
 NEEDS = {Path("/lib/systemd/systemd-logind"): "systemd",
@@ -34,10 +36,23 @@ def test_the_user_service_under_systemd_user(service, owner):
     try:
         ns.wait_for(lambda: ns.show(f"user@{uid}.service", "ActiveState")["ActiveState"]
                     == "active", 30, f"user@{uid}.service")
-        ns.run("sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh",
-               f"{home}/.config/systemd/user/{USER_UNIT}.d/50-simulated-gpus.conf",
-               user=login, env=env,
-               input=f"[Service]\nEnvironment=RESOURCED_SIMULATED_GPUS={USER_GPUS}\n")
+
+        def write(path: str, text: str) -> None:
+            ns.run("sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", path,
+                   user=login, env=env, input=text)
+
+        write(f"{home}/.config/systemd/user/{USER_UNIT}.d/50-simulated-gpus.conf",
+              f"[Service]\nEnvironment=RESOURCED_SIMULATED_GPUS={USER_GPUS}\n")
+        # A check at WARN from the start: the agent has a bubble to show.
+        write(f"{home}/.config/resourced/config.toml",
+              '[[check]]\nname = "ram"\ntype = "ram"\nwarn_used_pct = 0.01\n')
+        # No notification server, whatever the host has: her own activation file (read
+        # first) names a unit that does not exist, so a call fails at once. (A server the
+        # bus activates but that cannot start without a display, dunst say, is never
+        # answered for: the agent waits out its 25 s call timeout, twice, then goes on.)
+        no_server = f"{home}/.local/share/dbus-1/services/org.freedesktop.Notifications.service"
+        write(no_server, "[D-BUS Service]\nName=org.freedesktop.Notifications\n"
+                         "Exec=/bin/false\nSystemdService=sdt-no-notifications.service\n")
         enabled = ns.gpuctl("service", "enable", "--user", user=login, env=env, timeout=90)
         assert f"{USER_UNIT} is enabled and running" in enabled.stdout
 
@@ -65,11 +80,29 @@ def test_the_user_service_under_systemd_user(service, owner):
         lines = ns.journal(f"_SYSTEMD_USER_UNIT={USER_UNIT}", f"_UID={uid}")
         assert lines and not [e["MESSAGE"] for e in lines if "was mode" in e.get("MESSAGE", "")]
 
+        # The agent: a user unit that follows her daemon on her session bus; without a
+        # notification server it says so and waits, active, for one to appear.
+        ns.run("systemctl", "--user", "enable", "--now", NOTIFY_UNIT, user=login, env=env)
+
+        def agent_said(text: str):
+            found = [e.get("MESSAGE", "") for e in ns.journal(
+                f"_SYSTEMD_USER_UNIT={NOTIFY_UNIT}", f"_UID={uid}")]
+            return found if any(text in m for m in found) else None
+
+        ns.wait_for(lambda: agent_said("watching org.resourced on the session bus (running)"),
+                    10, "the agent watching her daemon")
+        said = ns.wait_for(lambda: agent_said("cannot show "), 10, "its attempt at a bubble")
+        agent = ns.show(NOTIFY_UNIT, "ActiveState", "SubState", "NRestarts", user_manager=login)
+        assert (agent["ActiveState"], agent["SubState"], agent["NRestarts"]) == \
+            ("active", "running", "0"), (agent, said)
+        ns.run("rm", no_server, user=login)
+
         disabled = ns.gpuctl("service", "disable", "--user", user=login, env=env, timeout=90)
         removed = [line for line in disabled.stdout.splitlines() if line.startswith("removed ")
                    and not line.endswith("/ (empty)")]
         assert len(removed) == 4, disabled.stdout
-        assert ns.show(USER_UNIT, "ActiveState", user_manager=login)["ActiveState"] == "inactive"
+        for unit in (USER_UNIT, NOTIFY_UNIT):
+            assert ns.show(unit, "ActiveState", user_manager=login)["ActiveState"] == "inactive"
     finally:
         ns.run("loginctl", "disable-linger", login, check=False)
         ns.systemctl("stop", f"user@{uid}.service", check=False)
