@@ -45,6 +45,7 @@ __all__ = [
     "DaemonConfig",
     "GpuEntry",
     "PoolEntry",
+    "RunnerConfig",
     "SlurmConfig",
     "find_config",
     "load_config",
@@ -126,6 +127,14 @@ class PoolEntry:
 
 
 @dataclass(frozen=True)
+class RunnerConfig:
+    """``[runner]``, read by ``gpuctl runner`` when it starts (not by the daemon): ``grace``
+    is the seconds between SIGTERM to a booking's command and SIGKILL (at the end)."""
+
+    grace: float = 30.0
+
+
+@dataclass(frozen=True)
 class SlurmConfig:
     """``[slurm]``: the GPUs Slurm schedules here, ``"all"`` or names (UUID, alias,
     ``gpuN`` or index).  resourced never grants them to its own claims or bookings; a
@@ -143,6 +152,7 @@ class Config:
     checks: tuple[CheckEntry, ...] = ()
     pools: tuple[PoolEntry, ...] = ()
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
     source: str = ""
 
     def as_dict(self) -> dict:
@@ -427,6 +437,8 @@ _POOL = {
     "unit": (_string("bytes|count", '"bytes" or "count"'), False),
 }
 _SLURM = {"gpus": (_slurm_gpus, False)}
+_RUNNER = {"grace": (_number(0, high=24 * 3600), False)}
+_TABLES = ("daemon", "runner", "slurm")
 _ARRAYS = {"gpu": _GPU, "check": _CHECK, "pool": _POOL}
 
 CHECK_TYPES = ("ram", "disk")
@@ -442,23 +454,19 @@ class _Checker:
         raise ConfigError(self.source, key, problem)
 
     def config(self, doc: dict) -> Config:
-        known = ["daemon", "slurm", *_ARRAYS]
+        known = [*_TABLES, *_ARRAYS]
         for name, value in doc.items():
             if name not in known:
                 self.unknown(name, value, known)
-        daemon = doc.get("daemon", {})
-        if not isinstance(daemon, dict):
-            self.fail("daemon", f"must be a table ([daemon]), not {_show(daemon)}")
-        slurm = doc.get("slurm", {})
-        if not isinstance(slurm, dict):
-            self.fail("slurm", f"must be a table ([slurm]), not {_show(slurm)}")
+        tables = {name: self.section(name, doc.get(name, {})) for name in _TABLES}
         entries = {name: self.array(name, doc.get(name, [])) for name in _ARRAYS}
         return Config(
-            daemon=DaemonConfig(**self.table(daemon, "daemon", _DAEMON)),
+            daemon=DaemonConfig(**self.table(tables["daemon"], "daemon", _DAEMON)),
             gpus=self.gpus(entries["gpu"]),
             checks=self.checks(entries["check"]),
             pools=self.pools(entries["pool"]),
-            slurm=SlurmConfig(**self.table(slurm, "slurm", _SLURM)),
+            slurm=SlurmConfig(**self.table(tables["slurm"], "slurm", _SLURM)),
+            runner=RunnerConfig(**self.table(tables["runner"], "runner", _RUNNER)),
             source=self.source,
         )
 
@@ -466,7 +474,7 @@ class _Checker:
         name = key.rsplit(".", 1)[-1]
         guess = difflib.get_close_matches(name, [k.rsplit(".", 1)[-1] for k in known], n=1)
         if guess and "." not in key:  # a section: spell it as it is written
-            guess = [f"[{guess[0]}]" if guess[0] in ("daemon", "slurm") else f"[[{guess[0]}]]"]
+            guess = [f"[{guess[0]}]" if guess[0] in _TABLES else f"[[{guess[0]}]]"]
         hint = f" (did you mean {guess[0]}?)" if guess else ""
         if "." not in key and isinstance(value, dict):
             self.fail(None, f"unknown section [{key}]{hint}")
@@ -475,6 +483,11 @@ class _Checker:
         ):
             self.fail(None, f"unknown section [[{key}]]{hint}")
         self.fail(None, f"unknown key {key}{hint}")
+
+    def section(self, name: str, value) -> dict:
+        if not isinstance(value, dict):
+            self.fail(name, f"must be a table ([{name}]), not {_show(value)}")
+        return value
 
     def array(self, name: str, value) -> list[dict]:
         if isinstance(value, dict):
@@ -579,7 +592,7 @@ def reload_changes(old: Config, new: Config) -> tuple[list[str], list[str]]:
     Keys are ``daemon.<name>`` for ``[daemon]``, ``gpu``, ``check``, ``pool`` for the
     arrays and ``slurm``, in that order.  The runtime directory, persistence, the set of
     GPUs and Slurm's share of them are fixed for the life of a daemon; everything else it
-    can take on the fly.
+    can take on the fly.  ``[runner]`` is not the daemon's, and not compared.
     """
     changed = [
         f"daemon.{f.name}" for f in dataclasses.fields(DaemonConfig)

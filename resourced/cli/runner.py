@@ -9,9 +9,10 @@ user unit resourced-runner.service) and:
 - when a booking with a pending job becomes active (and its claim is granted), starts the
   command through a shim (``resourced.jobs``) in its own session and process group, with
   the environment of ``gpuctl run --allocation REF``, and reports it running;
-- sends the group SIGTERM ``--grace`` seconds before the booking's end and SIGKILL at
-  the end (timed-out), re-reading the end as the booking changes; a booking cancelled
-  or released under its job: SIGTERM, SIGKILL ``--grace`` seconds later (cancelled);
+- sends the group SIGTERM ``--grace`` seconds (default: ``[runner] grace`` in the
+  configuration file) before the booking's end and SIGKILL at the end (timed-out),
+  re-reading the end as the booking changes; a booking cancelled or released under its
+  job: SIGTERM, SIGKILL ``--grace`` seconds later (cancelled);
 - reports how the command ended: succeeded, failed (its exit code), timed-out,
   cancelled; a pending job whose booking was cancelled, cancelled; one whose booking had
   started more than 60 s before the runner saw it (the runner was not there), missed.
@@ -31,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import click
 
-from ._errors import EXIT_NO_SUCH_CLAIM, EXIT_UNREACHABLE, GpuctlError
+from ._errors import EXIT_NO_SUCH_CLAIM, EXIT_UNREACHABLE, EXIT_USAGE, GpuctlError
 from ._options import bus_option
 
 log = logging.getLogger("resourced.runner")
@@ -535,11 +536,22 @@ def _shown(argv: list[str]) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+def configured_grace() -> float:
+    """``[runner] grace`` from the configuration file, found as the daemon finds it (its
+    default where there is none); a file with a problem is an error (exit 2)."""
+    from ..config import ConfigError, find_config, load_config
+
+    try:
+        return load_config(find_config(None, os.environ)).runner.grace
+    except ConfigError as exc:
+        raise GpuctlError(str(exc), EXIT_USAGE) from None
+
+
 @click.command()
-@click.option("--grace", type=click.FloatRange(0, 24 * 3600), default=30.0, show_default=True,
-              metavar="SECONDS",
+@click.option("--grace", type=click.FloatRange(0, 24 * 3600), metavar="SECONDS",
               help="SIGTERM the command's process group this long before the booking's end "
-              "(SIGKILL at the end); after a cancellation, SIGKILL this long after SIGTERM.")
+              "(SIGKILL at the end); after a cancellation, SIGKILL this long after SIGTERM. "
+              "Default: [runner] grace in the configuration file, else 30.")
 @bus_option
 def runner(grace, bus):
     """Start the commands of your bookings at their start (gpuctl book ... -- COMMAND).
@@ -559,7 +571,7 @@ def runner(grace, bus):
     from ..sd import setup_logging
 
     setup_logging()
-    return Runner(bus, grace).run()
+    return Runner(bus, configured_grace() if grace is None else grace).run()
 
 
 @click.command()

@@ -112,12 +112,14 @@ def job_is(env, ref: str, state: str) -> dict:
 
 @contextlib.contextmanager
 def runner(env, tmp_path, grace=5):
-    """gpuctl runner as a process, its stderr in a file; waits until it listens, and is
-    killed (SIGKILL) at the end of the block if still running."""
+    """gpuctl runner (with ``--grace`` unless ``grace`` is None) as a process, its stderr
+    in a file; waits until it listens, and is killed (SIGKILL) at the end of the block if
+    still running."""
     log_path = tmp_path / f"runner-{time.monotonic_ns()}.log"
+    option = [] if grace is None else ["--grace", str(grace)]
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "resourced.cli", "runner", "--grace",
-                                 str(grace)], env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, "-m", "resourced.cli", "runner", *option],
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
     proc.log_path = log_path
     try:
         eventually(lambda: "runner for uid" in log_path.read_text() or proc.poll() is not None,
@@ -224,8 +226,26 @@ def test_a_long_command_gets_sigterm_before_the_end_and_is_gone_by_it(job_env, o
         assert b["job_exit"] == 137 and b["job_detail"] == "SIGKILL"
 
 
+def configured(env, tmp_path, text: str) -> dict:
+    """``env`` with $RESOURCED_CONFIG naming a file of ``text``."""
+    path = tmp_path / f"config-{time.monotonic_ns()}.toml"
+    path.write_text(text)
+    return {**env, "RESOURCED_CONFIG": str(path)}
+
+
+def test_the_grace_comes_from_the_config_unless_grace_is_given(private_bus, tmp_path):
+    env = configured({**os.environ, **private_bus.env(), "XDG_STATE_HOME": str(tmp_path)},
+                     tmp_path, "[runner]\ngrace = 7\n")
+    for grace, said in ((None, "grace 7 s"), (3, "grace 3 s")):
+        with runner(env, tmp_path, grace=grace) as proc:
+            assert said in proc.log_path.read_text()
+    bad = ctl(configured(env, tmp_path, "[runner]\ngrace = -1\n"), "runner")
+    assert bad.returncode == 2
+    assert bad.stderr.endswith("runner.grace: must be a number from 0 to 86400, not -1\n")
+
+
 def test_an_extended_booking_moves_the_sigterm(job_env, out, clock, tmp_path):
-    with runner(job_env, tmp_path, grace=5):
+    with runner(configured(job_env, tmp_path, "[runner]\ngrace = 5\n"), tmp_path, grace=None):
         ref = book(job_env, out, mode="ignore-term", length="10m")
         clock.set("2026-12-01T10:00:00Z")
         job_is(job_env, ref, "running")

@@ -8,8 +8,8 @@ import pytest
 
 from resourced import config as config_module
 from resourced.config import (
-    CheckEntry, Config, ConfigError, DaemonConfig, GpuEntry, PoolEntry, find_config,
-    load_config, parse_config, reload_changes,
+    CheckEntry, Config, ConfigError, DaemonConfig, GpuEntry, PoolEntry, RunnerConfig,
+    find_config, load_config, parse_config, reload_changes,
 )
 from resourced.errors import ResourcedError
 
@@ -112,6 +112,15 @@ def test_a_full_file():
     assert isinstance(cfg.daemon.sample_interval, float)
 
 
+def test_the_runners_grace_is_30_s_unless_the_file_says():
+    assert Config().runner == RunnerConfig(grace=30.0)
+    assert parse("[runner]\ngrace = 0\n").runner.grace == 0.0
+    assert parse("[runner]\ngrace = 90.5\n").runner.grace == 90.5
+    assert parse("[runner]\n").runner == RunnerConfig()
+    assert error("[runner]\ngrase = 60\n", None) == (
+        f"{SOURCE}: unknown key runner.grase (did you mean grace?)")
+
+
 def test_config_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         Config().daemon.probe_timeout = 1
@@ -180,6 +189,7 @@ def test_unknown_key_suggests_the_near_miss():
         ("[limits]\nram = 1\n", "[limits]"),
         ("[[gpus]]\nuuid = \"GPU-a\"\n", "[[gpus]] (did you mean [[gpu]]?)"),
         ("[deamon]\npersist = true\n", "[deamon] (did you mean [daemon]?)"),
+        ("[runners]\ngrace = 1\n", "[runners] (did you mean [runner]?)"),
     ],
 )
 def test_unknown_section(text, shown):
@@ -222,6 +232,9 @@ def test_unknown_section(text, shown):
         ('[[pool]]\nname = "p"\ncapacity = 1.5\n', "pool[0].capacity", "not 1.5"),
         ('[[pool]]\nname = "p"\ncapacity = "lots"\n', "pool[0].capacity", "not 'lots'"),
         ("[daemon]\nprobe_timeout = 1979-05-27\n", "daemon.probe_timeout", "not 1979-05-27"),
+        ('[runner]\ngrace = "60s"\n', "runner.grace",
+         "must be a number from 0 to 86400, not '60s'"),
+        ("[runner]\ngrace = true\n", "runner.grace", "not true"),
     ],
 )
 def test_wrong_type(text, key, problem):
@@ -268,6 +281,8 @@ def test_wrong_type(text, key, problem):
         ('[[pool]]\nname = "p"\ncapacity = -4\n', "pool[0].capacity", "not -4"),
         ('[[pool]]\nname = "p"\ncapacity = "-4G"\n', "pool[0].capacity", "not '-4G'"),
         ('[[pool]]\nname = "p"\ncapacity = "0G"\n', "pool[0].capacity", "not '0G'"),
+        ("[runner]\ngrace = -1\n", "runner.grace", "must be a number from 0 to 86400, not -1"),
+        ("[runner]\ngrace = 86401\n", "runner.grace", "not 86401"),
     ],
 )
 def test_impossible_value(text, key, problem):
@@ -358,6 +373,7 @@ def test_equal_and_one_sided_thresholds_are_fine():
         ("check = 1\n", "check", "must be an array of tables ([[check]]), not 1"),
         ("pool = [1, 2]\n", "pool[0]", "must be a table, not 1"),
         ("daemon = 1\n", "daemon", "must be a table ([daemon]), not 1"),
+        ("runner = 30\n", "runner", "must be a table ([runner]), not 30"),
     ],
 )
 def test_wrong_shape(text, key, problem):
@@ -509,12 +525,14 @@ def test_find_then_load(places):
 # --- the example -------------------------------------------------------------------------
 
 SCHEMA = {
-    "daemon": DaemonConfig, "gpu": GpuEntry, "check": CheckEntry, "pool": PoolEntry,
+    "daemon": DaemonConfig, "runner": RunnerConfig, "gpu": GpuEntry, "check": CheckEntry,
+    "pool": PoolEntry,
 }
 
 
 def test_the_schema_knows_exactly_the_dataclass_fields():
-    tables = {"daemon": config_module._DAEMON, **config_module._ARRAYS}
+    tables = {"daemon": config_module._DAEMON, "runner": config_module._RUNNER,
+              **config_module._ARRAYS}
     for section, cls in SCHEMA.items():
         assert list(tables[section]) == [f.name for f in dataclasses.fields(cls)]
 
@@ -522,6 +540,7 @@ def test_the_schema_knows_exactly_the_dataclass_fields():
 def test_the_example_loads():
     cfg = load_config(EXAMPLE)
     assert cfg.daemon == DaemonConfig()  # it shows the defaults
+    assert cfg.runner == RunnerConfig()
     assert [(c.name, c.type, c.path) for c in cfg.checks] == [
         ("ram", "ram", None), ("root disk", "disk", "/"),
     ]
@@ -529,10 +548,9 @@ def test_the_example_loads():
 
 def test_the_example_mentions_every_key():
     text = EXAMPLE.read_text()
-    assert "[daemon]" in text
     for section, cls in SCHEMA.items():
-        if section != "daemon":
-            assert f"[[{section}]]" in text
+        table = f"[{section}]" if section in ("daemon", "runner") else f"[[{section}]]"
+        assert table in text
         for f in dataclasses.fields(cls):
             assert re.search(rf"^#? ?{f.name} = ", text, re.MULTILINE), f"{section}.{f.name}"
 
