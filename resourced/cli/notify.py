@@ -8,9 +8,14 @@ bubble in place; back to OK closes it.
 
 It also tells the user about their calendar: ``BookingChanged`` on their own
 ``/org/resourced/user/<uid>`` (a booking started, ends soon, was ended by someone else
-with a reason, or lies in a new blackout), ``Ending`` of their claims (given back soon:
-a booking needs the GPUs, or the claim's own end), and the administrators'
-``NoticeAdded``: one bubble each (``calendar_message``).
+with a reason, or lies in a new blackout), ``Ending`` of their claims other than a
+booking's (given back soon: a booking needs the GPUs, or the claim's own end; a booking's
+end is its "ending"), and the administrators' ``NoticeAdded``: one bubble each
+(``calendar_message``).  And a blackout over one of their live bookings, ``warn_before``
+(``Describe``'s limits) before it begins (``Blackouts``): the blackouts and the user's
+bookings are read when resourced (re)appears, when a booking of theirs changes, and again
+when a warning is due (a removed blackout sends no signal); in between only a timer runs,
+and the daemon is not asked.
 
 Where the server lists ``"actions"`` in ``GetCapabilities`` (asked once per server), a
 health bubble carries the action ``default`` ("Show details") and a booking's bubble
@@ -41,6 +46,7 @@ from dataclasses import dataclass
 
 import click
 
+from ..config import DaemonConfig
 from ..core.health import NOT_MEASURED, OK, STOP, UNAVAILABLE, WARN
 from ._errors import GpuctlError
 from ._options import bus_option
@@ -70,6 +76,10 @@ BOOKINGS = ("bookings",)
 ACTION_LABELS = {RESOURCES: "Show details", BOOKINGS: "Show bookings"}
 DEFAULT_ACTION = "default"  # the spec's key for invoking the bubble itself (a click)
 OPENS_KEPT = 64             # ids remembered for ActionInvoked, the newest
+# BookingChanged "what"s that may change which blackouts cover the user's bookings.
+RESHAPES = frozenset({"created", "changed", "blackout", "ended", "no-show"})
+BLACKOUT_DUE = object()     # queued by the timer: a blackout's warning is due
+WALL_CLOCK_LOOK = 60.0      # seconds between looks at the wall clock (it may jump)
 
 
 # -- the pure part ----------------------------------------------------------------------
@@ -173,6 +183,58 @@ def calendar_message(what: str, booking: dict, when: str, me: int) -> tuple[str,
         reason = booking.get("Reason") or "no reason given"
         return f"Booking {ref} was cancelled by an administrator", reason, 2
     return None
+
+
+def blackout_message(blackout: dict, refs: list[str], start: str, end: str
+                     ) -> tuple[str, str, int]:
+    """(title, text, urgency) shortly before ``blackout`` (plain values: StartUSec,
+    EndUSec, Reason) begins over the user's bookings ``refs``; ``start`` and ``end`` are
+    its times in words."""
+    which = f"Booking {refs[0]} falls" if len(refs) == 1 else f"Bookings {', '.join(refs)} fall"
+    reason = blackout.get("Reason") or "Maintenance"
+    return (f"Maintenance begins at {start}",
+            f"{reason}, until {end}. {which} in it: save your work.", 1)
+
+
+class Blackouts:
+    """The blackouts over the user's live bookings, and when to warn of each: ``lead``
+    seconds before it begins, once, and not at all once it has begun."""
+
+    def __init__(self, lead: float = DaemonConfig.warn_before):
+        self.lead = lead
+        self._coming: dict[str, tuple[dict, list[str]]] = {}  # id -> (blackout, refs)
+        self._warned: set[str] = set()
+
+    def update(self, blackouts: list[dict], bookings: list[dict]) -> None:
+        """``blackouts`` as ``ListBlackouts`` gives them (plain values), ``bookings`` the
+        user's as ``ListBookings`` does."""
+        live = [b for b in bookings if b["state"] in ("scheduled", "active")]
+        self._coming = {}
+        for x in blackouts:
+            refs = [b["id"] for b in live
+                    if b["start_usec"] < x["EndUSec"] and x["StartUSec"] < b["end_usec"]]
+            if refs:
+                self._coming[x["Id"]] = (x, refs)
+        self._warned.intersection_update(self._coming)
+
+    def _warn_at(self, blackout: dict) -> int:
+        return blackout["StartUSec"] - int(self.lead * 1_000_000)
+
+    def next_due(self) -> int | None:
+        """When the next warning is due (microseconds), None if none is."""
+        return min((self._warn_at(x) for i, (x, _) in self._coming.items()
+                    if i not in self._warned), default=None)
+
+    def due(self, now: int) -> list[tuple[dict, list[str]]]:
+        """The (blackout, refs) to warn of at ``now``, by start; each is then warned."""
+        out = []
+        for blackout_id, (x, refs) in self._coming.items():
+            if blackout_id in self._warned or now < self._warn_at(x):
+                continue
+            self._warned.add(blackout_id)
+            if now < x["StartUSec"]:
+                out.append((x, refs))
+        return sorted(out, key=lambda item: item[0]["StartUSec"])
 
 
 class Bubbles:
@@ -388,6 +450,8 @@ class Agent:
         self.current: dict[str, tuple[str, str]] = {}  # check -> (level, reason), last known
         self.owner: str | None = None                   # unique name owning org.resourced
         self.queue: asyncio.Queue = asyncio.Queue()
+        self.blackouts = Blackouts()
+        self._rescheduled = asyncio.Event()  # the next blackout warning may have moved
         self._filters: list = []
         self._names = {id(notify_router): "session", id(daemon_router): bus}
 
@@ -441,6 +505,7 @@ class Agent:
         await self.start()
         routers = {id(r): r for r in (self.daemon, self.notifications)}.values()
         tasks = [asyncio.create_task(self._consume()),
+                 asyncio.create_task(self._blackout_timer()),
                  *(asyncio.create_task(self._keepalive(r)) for r in routers)]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
@@ -465,12 +530,36 @@ class Agent:
             await asyncio.sleep(KEEPALIVE_INTERVAL)
             await self._call(router, message_bus.GetId())
 
+    async def _blackout_timer(self) -> None:
+        """Queue ``BLACKOUT_DUE`` when a blackout's warning is due; in between, look only
+        at the clock: at the due time, and every WALL_CLOCK_LOOK seconds (each second on
+        the simulated clock, which tests move at will)."""
+        import asyncio
+
+        from ..booking_calls import now_usec
+        from ..simclock import clock_from_env
+
+        look = 1.0 if clock_from_env()[1] else WALL_CLOCK_LOOK
+        while True:
+            self._rescheduled.clear()
+            due = self.blackouts.next_due()
+            wait = look if due is None else min(look, (due - now_usec()) / 1e6)
+            if wait <= 0:
+                await self.queue.put(BLACKOUT_DUE)
+                await self._rescheduled.wait()  # set once it is handled
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._rescheduled.wait(), wait)
+
     async def handle(self, msg) -> None:
-        """One queued signal."""
+        """One queued signal (or the timer's ``BLACKOUT_DUE``)."""
         from jeepney.low_level import HeaderFields
 
         from ..bus.names import BUS_NAME
 
+        if msg is BLACKOUT_DUE:
+            await self.warn_of_blackouts()
+            return
         fields = msg.header.fields
         member, body = fields.get(HeaderFields.member), msg.body
         if member == "LevelChanged" and len(body) == 4 and all(isinstance(v, str) for v in body):
@@ -509,6 +598,8 @@ class Agent:
                 self.action_invoked(body[0], body[1])
         elif member in ("BookingChanged", "Ending", "NoticeAdded"):
             await self.calendar_signal(member, body, fields.get(HeaderFields.path, ""))
+            if member == "BookingChanged" and len(body) == 3 and body[1] in RESHAPES:
+                await self.read_blackouts()
 
     def action_invoked(self, notification_id: int, key: str) -> None:
         """``ActionInvoked``: open what one of our bubbles offers, in a terminal."""
@@ -545,7 +636,7 @@ class Agent:
                 opens = BOOKINGS
             else:
                 until, booking = body
-                if not await self._claim_is_mine(path):
+                if not await self._claim_to_tell(path):
                     return
                 ref = path.rsplit("/", 1)[-1]
                 when = format_when(moment(until, now.tzinfo), now)
@@ -555,6 +646,24 @@ class Agent:
         except (ValueError, KeyError, TypeError):
             log.warning("ignoring a malformed %s signal", member)
             return
+        await self._calendar_bubble(title, text, urgency, opens)
+
+    async def warn_of_blackouts(self) -> None:
+        """A warning is due: read again (a removed blackout sends no signal), then warn of
+        each blackout over a booking of mine that begins within ``warn_before``."""
+        from ..booking_calls import local_text, now_usec
+
+        await self.read_blackouts()
+        now = now_usec()
+        for blackout, refs in self.blackouts.due(now):
+            title, text, urgency = blackout_message(
+                blackout, refs, local_text(blackout["StartUSec"], now),
+                local_text(blackout["EndUSec"], now))
+            await self._calendar_bubble(title, text, urgency, BOOKINGS)
+        self._rescheduled.set()
+
+    async def _calendar_bubble(self, title: str, text: str, urgency: int,
+                               opens: tuple[str, ...]) -> None:
         from jeepney import new_method_call
 
         await self.ask_server()
@@ -567,15 +676,21 @@ class Agent:
         if reply is not None:
             self.bubbles.message_shown(message, reply.body[0])
 
-    async def _claim_is_mine(self, path: str) -> bool:
+    async def _claim_to_tell(self, path: str) -> bool:
+        """Whether the claim at ``path`` is mine and not a booking's (a booking's end
+        comes as its ``BookingChanged`` "ending": one bubble, not two)."""
         from jeepney import DBusAddress, new_method_call
 
         from ..bus.names import BUS_NAME, CLAIM_IFACE
+        from ..core.claims import BOOKING
 
         props = DBusAddress(path, bus_name=BUS_NAME, interface="org.freedesktop.DBus.Properties")
-        reply = await self._call(self.daemon, new_method_call(props, "Get", "ss",
-                                                              (CLAIM_IFACE, "UID")))
-        return not _error_name(reply) and reply.body[0][1] == os.getuid()
+        reply = await self._call(self.daemon, new_method_call(props, "GetAll", "s",
+                                                              (CLAIM_IFACE,)))
+        if _error_name(reply):
+            return False
+        claim = {k: v for k, (_, v) in reply.body[0].items()}
+        return claim.get("UID") == os.getuid() and claim.get("Mode") != BOOKING
 
     # -- talking to the daemon ---------------------------------------------------------
     async def describe_health(self) -> list[dict] | None:
@@ -592,8 +707,11 @@ class Agent:
                         reply.body[0] if reply.body else "")
             return None
         try:
-            health = json.loads(reply.body[0]).get("health") or {}
+            described = json.loads(reply.body[0])
+            health = described.get("health") or {}
             checks = [c for c in health.get("checks", []) if isinstance(c.get("name"), str)]
+            limits = described.get("limits") or {}
+            self.blackouts.lead = float(limits.get("warn_before", DaemonConfig.warn_before))
         except (ValueError, AttributeError, IndexError, TypeError) as exc:
             log.warning("cannot read the levels from %s: %s", BUS_NAME, exc)
             return None
@@ -605,9 +723,33 @@ class Agent:
         if self.owner:
             await self.describe_health()
 
+    async def read_blackouts(self) -> None:
+        """Read the blackouts and my bookings: which blackouts to warn of, and when."""
+        from jeepney import DBusAddress, new_method_call
+
+        from ..bus.names import BUS_NAME, MANAGER_IFACE, MANAGER_PATH
+
+        manager = DBusAddress(MANAGER_PATH, bus_name=BUS_NAME, interface=MANAGER_IFACE)
+        try:
+            blackouts = await self._call(self.daemon, new_method_call(manager, "ListBlackouts"))
+            bookings = await self._call(self.daemon, new_method_call(
+                manager, "ListBookings", "a{sv}", ({},)))
+            problem = _error_name(blackouts) or _error_name(bookings)
+            if problem is None:
+                self.blackouts.update(
+                    [{k: v for k, (_, v) in x.items()} for x in blackouts.body[0]],
+                    json.loads(bookings.body[0]))
+        except (TimeoutError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            problem = str(exc) or type(exc).__name__
+        if problem is not None:
+            log.warning("cannot read the blackouts from %s: %s", BUS_NAME, problem)
+            return
+        self._rescheduled.set()
+
     async def resync(self) -> None:
         """resourced (re)appeared: show what it says now."""
         checks = await self.describe_health()
+        await self.read_blackouts()
         if checks is None:
             return
         self.current = {c["name"]: (str(c.get("level", "")), str(c.get("reason") or ""))

@@ -17,7 +17,7 @@ from dbus_fast.service import ServiceInterface, dbus_method, dbus_signal
 
 from resourced.privatebus import PrivateBus
 
-from ..conftest import eventually, stop_process
+from ..conftest import eventually, gpuctl, stop_process
 
 DATA_OK = {"name": "data", "type": "disk", "path": "/data", "level": "OK", "reason": "fine",
            "free_bytes": 50, "total_bytes": 100, "free_pct": 50.0, "used_pct": 50.0,
@@ -200,8 +200,8 @@ def agents(tmp_path, request):
     started: list[AgentProcess] = []
 
     def start(env: dict, bus: str = "session") -> AgentProcess:
-        env = {k: v for k, v in {**os.environ, **env}.items()
-               if not k.startswith("RESOURCED_")}
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("RESOURCED_")},
+               **env}
         started.append(AgentProcess(tmp_path, env, bus))
         return started[-1]
 
@@ -707,3 +707,35 @@ def test_calendar_signals_of_mine_become_bubbles_and_others_do_not(buses, servic
                         "disk replacement", 2)
     assert shown[2] == ("Notice from the administrators", "GPU 3 is replaced on Friday", 1)
     assert len(shown) == 3
+
+
+def test_with_the_real_daemon_a_booking_ends_in_one_bubble_and_a_blackout_is_warned(
+        clocked_daemon, clock, services, agents):
+    daemon = clocked_daemon()
+    server = services.notifications(daemon.bus.address)
+    ref = gpuctl("book", "--gpus", "1", "--for", "1h", "--at", "10:00").stdout.strip()
+    agent = agents({**daemon.bus.env(), "TZ": "UTC",
+                    **{k: v for k, v in os.environ.items() if k.startswith("RESOURCED_SIMULATED")}})
+    agent.wait_log("(running)")
+    for start, end, reason in (("09:30", "09:45", "other"), ("10:30", "10:45", "driver update")):
+        added = gpuctl("blackout", "add", "--from", start, "--until", end, "--reason", reason)
+        assert added.returncode == 0, added.stderr
+
+    def shown(count: int) -> list[str]:
+        eventually(lambda: len(notifies(server)) >= count, 10)
+        time.sleep(1.5)  # nothing more may come
+        return [f"{n['summary']} | {n['body']}" for n in notifies(server)]
+
+    added = (f"Booking {ref} falls in a maintenance window | An administrator blocked that "
+             "time; the booking stays. See gpuctl blackout list.")
+    assert shown(1) == [added]
+    clock.set("2026-12-01T09:26:00Z")  # the other blackout is over none of my bookings
+    assert len(shown(1)) == 1
+    clock.set("2026-12-01T10:00:00Z")
+    assert shown(2)[1].startswith(f"Booking {ref} has started")
+    clock.set("2026-12-01T10:26:00Z")  # warn_before (300 s) before the blackout over it
+    assert shown(3)[2] == ("Maintenance begins at today 10:30 | driver update, until today "
+                           f"10:45. Booking {ref} falls in it: save your work.")
+    clock.set("2026-12-01T10:56:00Z")  # its claim's Ending and its "ending": one bubble
+    ending = f"Booking {ref} ends at today 11:00 | Save your work: gpu0 go back then."
+    assert shown(4)[3:] == [ending]

@@ -11,10 +11,12 @@ from resourced.cli.notify import (
     BOOKINGS,
     OPENS_KEPT,
     RESOURCES,
+    Blackouts,
     Bubbles,
     Close,
     Launcher,
     Show,
+    blackout_message,
     check_label,
     gpuctl_command,
     plain_words,
@@ -181,6 +183,54 @@ def test_calendar_messages_say_what_happened_to_a_booking_in_words():
                                          "of alice used its GPUs in its first 3600 s"}, "", 1000)
     assert no_show[0] == "Booking b1 was released: its GPUs were not used"
     assert no_show[1].startswith("no process of alice used its GPUs") and no_show[2] == 2
+
+
+S = 1_000_000  # a second in microseconds
+T0 = 1_796_115_600 * S  # 10:00
+
+
+def _blackout(ref: str, start: int, end: int, reason: str = "driver update") -> dict:
+    return {"Id": ref, "StartUSec": start, "EndUSec": end, "Reason": reason}
+
+
+def _booking(ref: str, start: int, end: int, state: str = "scheduled") -> dict:
+    return {"id": ref, "state": state, "start_usec": start, "end_usec": end}
+
+
+def test_a_blackout_over_my_live_bookings_is_warned_once_lead_seconds_before_it_begins():
+    coming = Blackouts(lead=300)
+    over_mine = _blackout("x1", T0 + 1800 * S, T0 + 2700 * S)
+    coming.update(
+        [_blackout("x0", T0 + 4000 * S, T0 + 5000 * S),   # over none of my bookings
+         _blackout("x2", T0 + 3600 * S, T0 + 3700 * S),   # over an ended one only
+         over_mine],
+        [_booking("b1", T0, T0 + 3600 * S, "active"), _booking("b2", T0 + 1000 * S, T0 + 2000 * S),
+         _booking("b3", T0 + 3500 * S, T0 + 3800 * S, "ended")])
+    assert coming.next_due() == T0 + 1500 * S
+    assert coming.due(T0 + 1499 * S) == []
+    assert coming.due(T0 + 1500 * S) == [(over_mine, ["b1", "b2"])]
+    assert coming.due(T0 + 1600 * S) == [] and coming.next_due() is None  # once
+    coming.update([over_mine], [_booking("b1", T0, T0 + 3600 * S, "active")])
+    assert coming.next_due() is None  # read again: still warned
+
+
+def test_a_blackout_learned_of_after_it_began_is_not_warned_and_one_gone_is_forgotten():
+    coming = Blackouts(lead=300)
+    mine = [_booking("b1", T0, T0 + 3600 * S)]
+    coming.update([_blackout("x1", T0, T0 + 60 * S)], mine)
+    assert coming.due(T0 + 10 * S) == [] and coming.next_due() is None
+    coming.update([_blackout("x2", T0 + 600 * S, T0 + 900 * S)], mine)
+    coming.update([], mine)  # removed before its warning
+    assert coming.next_due() is None and coming.due(T0 + 500 * S) == []
+
+
+def test_a_blackout_warning_names_its_times_reason_and_my_bookings():
+    x = _blackout("x1", T0, T0 + S)
+    assert blackout_message(x, ["b1"], "today 10:30", "today 10:45") == (
+        "Maintenance begins at today 10:30",
+        "driver update, until today 10:45. Booking b1 falls in it: save your work.", 1)
+    assert blackout_message({**x, "Reason": ""}, ["b1", "b2"], "a", "b")[1] == (
+        "Maintenance, until b. Bookings b1, b2 fall in it: save your work.")
 
 
 def test_no_summary_repeats_the_application_name():
