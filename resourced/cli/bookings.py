@@ -572,9 +572,10 @@ def _job(b: dict) -> str:
 
 def _note(b: dict) -> str:
     if b["state"] == "ended":
-        how = b["ended"]
+        how = "released as a no-show" if b["ended"] == "no-show" else b["ended"]
         if b["reason"]:
-            how += f" by uid {b['ended_by']}: {b['reason']}"
+            by = f" by uid {b['ended_by']}" if b["ended_by"] >= 0 else ""  # -1: the daemon
+            how += f"{by}: {b['reason']}"
         return how
     if b["state"] == "active" and b["claim_state"] == "queued":
         holders = ", ".join(b["waiting_for"]) or "a claim granted before it"

@@ -12,7 +12,8 @@ from .status import table
 @click.option("--since", type=When(), help="From then (default: 7 days ago).")
 @click.option("--until", type=When(), help="Until then (default: now).")
 @click.option("--by", type=click.Choice(["user", "gpu"]), default="user", show_default=True,
-              help="One row per user, or per GPU (with its mean utilisation and memory).")
+              help="One row per user, or per GPU (with its mean utilisation and memory in "
+              "use, where sampled).")
 @bus_option
 @json_option
 def usage(user, since, until, by, bus, as_json):
@@ -39,16 +40,22 @@ def usage(user, since, until, by, bus, as_json):
         return
     head = ("GPU",) if by == "gpu" else ("USER",)
     lines = [(*head, "HELD h", "USED h", "IDLE h", "BOOKED h", "BOOKED IDLE h", "CLAIMS",
-              "BOOKINGS", *(("UTIL %",) if by == "gpu" else ()))]
+              "BOOKINGS", *(("UTIL %", "MEM") if by == "gpu" else ()))]
     for r in rows:
-        util = r.get("mean_utilization_pct")
         lines.append((r["gpu"] if by == "gpu" else r["user"], _h(r["held_gpu_hours"]),
                       _h(r["used_gpu_hours"]), _h(r["idle_gpu_hours"]),
                       _h(r["booked_gpu_hours"]), _h(r["booked_idle_gpu_hours"]), r["claims"],
-                      r["bookings"], *(("-" if util is None else f"{util:g}",)
-                                       if by == "gpu" else ())))
+                      r["bookings"], *(_load(r) if by == "gpu" else ())))
     echo_table("\n".join(table(lines)))
 
 
 def _h(hours: float) -> str:
     return f"{hours:.1f}"
+
+
+def _load(row: dict) -> tuple[str, str]:
+    """A GPU's mean utilisation (%) and memory in use; - where nothing was sampled."""
+    from ..amounts import format_bytes
+
+    util, memory = row.get("mean_utilization_pct"), row.get("mean_memory_used_bytes")
+    return ("-" if util is None else f"{util:g}", "-" if memory is None else format_bytes(memory))

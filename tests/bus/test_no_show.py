@@ -52,6 +52,9 @@ def test_a_booking_nobody_used_is_released_as_a_no_show(booked, clock):
     assert ended["ended"] == "no-show" and "used its GPUs" in ended["reason"]
     listed = json.loads(gpuctl("bookings", "--json", "--since", "2026-12-01T09:00:00Z").stdout)
     assert [b["ended"] for b in listed if b["id"] == booked] == ["no-show"]
+    [row] = [line for line in gpuctl("bookings", "--since", "2026-12-01T09:00:00Z").stdout
+             .splitlines() if line.startswith(booked)]
+    assert "released as a no-show: no process of " in row and "uid -1" not in row
     assert int(gpuctl("free").stdout) == 4  # its GPU is back
 
 

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from resourced.amounts import format_bytes
 from resourced.client import Client
 
 from ..conftest import eventually, gpuctl
@@ -88,6 +89,12 @@ def test_held_used_and_idle_hours_per_user_and_per_gpu_outlive_a_restart(daemon_
     held = {g: r["held_gpu_hours"] for g, r in by_gpu.items() if r["held_gpu_hours"]}
     assert sorted(held.values()) == pytest.approx([1, 1], abs=0.01)
     assert {r["mean_utilization_pct"] for r in by_gpu.values()} == {50}
+    text = gpuctl("usage", "--by", "gpu", "--since", "2026-12-01T00:00:00Z").stdout.splitlines()
+    assert text[0].split()[-3:] == ["UTIL", "%", "MEM"]
+    shown = {line.split()[0]: line.split()[-2:] for line in text[1:]}
+    assert shown == {gpu: ["50", format_bytes(r["mean_memory_used_bytes"])]
+                     for gpu, r in by_gpu.items()}
+    assert any(r["mean_memory_used_bytes"] for r in by_gpu.values())  # the process's 512M
 
 
 def test_an_unused_booking_is_booked_and_idle(daemon_on, sim, clock):
