@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from ..bus.names import JSON_SCHEMA
 from ._options import Amount, Duration, bus_option, client, emit_json, json_option
 
 SKILL_NAME = "resourced-gpus"
@@ -120,7 +121,7 @@ def recommend(gpus, vram, ram, cpu, duration, bus, as_json):
     with client(bus) as c:
         result = place(c, duration, gpus=gpus, vram=vram, ram=ram, cpu=cpu)
     if as_json:
-        emit_json(result)
+        emit_json({"schema": JSON_SCHEMA, **result})
     elif not result["fits"]:
         click.echo(result["reason"])
     else:

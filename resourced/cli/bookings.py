@@ -68,7 +68,7 @@ def booking_options(fn):
                      help="These GPUs, whole (alias, index or UUID; comma-separated)."),
         click.option("--exclude", type=GpuList(), help="Never these GPUs."),
         click.option("--vram", type=Amount(), help="A share of one GPU's memory, e.g. 24G."),
-        click.option("--ram", type=Amount(), help="Host RAM from the ram pool, e.g. 32G."),
+        click.option("--ram", type=Amount(), help="Host RAM from the ram pool, e.g. 4G."),
         click.option("--cpu", type=Amount(), help="CPU cores from the cpu pool."),
         click.option("--pool", "pools", type=PoolAmount(), multiple=True,
                      help="An amount of a named pool, NAME=AMOUNT (repeatable)."),
@@ -140,7 +140,7 @@ def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_nam
     unit) starts it at the booking's start on its GPUs and stops it at the end; gpuctl
     bookings shows its state, gpuctl logs REF its output.
 
-    Example: gpuctl book --gpus 1 --for 2h --at 20:00 --ram 32G -- python train.py
+    Example: gpuctl book --gpus 1 --for 2h --at 20:00 --ram 4G -- python train.py
     """
     from ..booking_calls import now_usec
 
@@ -395,7 +395,7 @@ def blackout_add(start, until, reason, bus, as_json):
     with client(bus) as c:
         result = c.add_blackout(start / 1e6, until / 1e6, reason)
     if as_json:
-        emit_json(result)
+        emit_json({"schema": JSON_SCHEMA, **result})
         return
     click.echo(result["id"])
     if result["bookings_inside"]:
@@ -456,7 +456,7 @@ def notice_add(text, until, bus, as_json):
     with client(bus) as c:
         notice_id = c.add_notice(text, None if until is None else until / 1e6)
     if as_json:
-        emit_json({"id": notice_id})
+        emit_json({"schema": JSON_SCHEMA, "id": notice_id})
     else:
         click.echo(notice_id)
 

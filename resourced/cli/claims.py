@@ -33,7 +33,7 @@ def demand_options(fn):
         click.option("--gpus", type=click.IntRange(1, UINT32_MAX),
                      help="Whole GPUs (default 1 when nothing else is asked for)."),
         click.option("--vram", type=Amount(), help="A share of one GPU's memory, e.g. 20G."),
-        click.option("--ram", type=Amount(), help="Host RAM from the ram pool, e.g. 32G."),
+        click.option("--ram", type=Amount(), help="Host RAM from the ram pool, e.g. 4G."),
         click.option("--cpu", type=Amount(), help="CPU cores from the cpu pool."),
         click.option("--pool", "pools", type=PoolAmount(), multiple=True,
                      help="An amount of a named pool, NAME=AMOUNT (repeatable)."),
@@ -140,7 +140,7 @@ def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet, a
     `gpuctl stop` ends its session, the command gets --reclaim-signal, then SIGTERM and
     SIGKILL 10 s later. --dry-run says what would be granted and runs nothing.
 
-    Example: gpuctl run --vram 20G --ram 32G --cpu 8 --wait -- python infer.py
+    Example: gpuctl run --vram 20G --ram 4G --cpu 1 --wait -- python infer.py
     """
     from .launch import PendingChild
 
@@ -323,7 +323,7 @@ def claim(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet,
     --dry-run says what would be granted (or that it would wait), limits included, and
     claims nothing: no reference is printed.
 
-    Example: gpuctl claim --gpus 1 --ram 64G --owner-pid $PPID --task-name "tune kernels"
+    Example: gpuctl claim --gpus 1 --ram 8G --owner-pid $PPID --task-name "tune kernels"
     """
     with client(bus) as c, WaitingLine(wait and not quiet and not dry_run) as line:
         result = c.claim(mode="dev", owner_pid=owner_pid, label=label, task_name=task_name,
@@ -332,7 +332,7 @@ def claim(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet,
                          session=session, dry_run=dry_run, **demand(gpus, vram, ram, cpu, pools))
     _warn(result["warnings"])
     if as_json:
-        emit_json(result)
+        emit_json({"schema": JSON_SCHEMA, **result})
     elif dry_run:
         _say_dry_run(result)
     else:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import click
 
+from ..bus.names import JSON_SCHEMA
 from ._options import emit_json, json_option
 
 
@@ -74,6 +75,6 @@ def _check(directory: Path) -> dict:
 
 def _say(as_json: bool, data: dict, text: str) -> None:
     if as_json:
-        emit_json(data)
+        emit_json({"schema": JSON_SCHEMA, **data})
     else:
         click.echo(text)

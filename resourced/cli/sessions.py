@@ -7,6 +7,7 @@ session of the owner process (``sid:N``: one terminal, one agent).
 
 import click
 
+from ..bus.names import JSON_SCHEMA
 from ._options import bus_option, client, dry_run_option, echo_table, emit_json, json_option
 from .status import table
 
@@ -90,7 +91,7 @@ def stop(session, user, reason, dry_run, bus, as_json):
     with client(bus) as c:
         stopped = c.stop(session=session, uid=uid, reason=reason, dry_run=dry_run)
     if as_json:
-        emit_json({"dry_run": dry_run, **stopped})
+        emit_json({"schema": JSON_SCHEMA, "dry_run": dry_run, **stopped})
         return
     what = f"session {session}" if session else f"{user}'s sessions"
     if not stopped["claims"] and not stopped["bookings"]:

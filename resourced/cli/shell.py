@@ -37,6 +37,7 @@ import time
 
 import click
 
+from ..bus.names import JSON_SCHEMA
 from ._options import bus_option, emit_json, json_option
 
 MANAGED = (
@@ -252,7 +253,7 @@ def env_(use_index, bus, as_json):
     until = valid_until(chosen, next_start(bookings), daemon_now, time.time(),
                         recheck_seconds())
     if as_json:
-        emit_json({"ref": ref, "mode": chosen["mode"] if chosen else "", "env": wanted,
+        emit_json({"schema": JSON_SCHEMA, "ref": ref, "mode": chosen["mode"] if chosen else "", "env": wanted,
                    "valid_until": until})
         return
     state = read_state()

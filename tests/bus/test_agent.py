@@ -74,7 +74,7 @@ def test_recommend_runs_now_what_fits_now_and_books_what_fits_later(agent_env):
     env, _ = agent_env
     run(env, "book", "--gpus", "2", "--for", "1h", "--at", "+30m")
     now = json.loads(run(env, "agent", "recommend", "--gpus", "1", "--for", "30m", "--json"))
-    assert now == {"fits": True, "now": True, "gpu_indices": [0],
+    assert now == {"schema": 1, "fits": True, "now": True, "gpu_indices": [0],
                    "command": "gpuctl run --gpus 1 --for 30m -- COMMAND"}
     later = json.loads(run(env, "agent", "recommend", "--gpus", "2", "--for", "1h", "--json"))
     assert (later["now"], later["start"]) == (False, "2026-12-01T10:30:00Z")

@@ -640,7 +640,7 @@ def test_blackout_add_list_remove(clocked_daemon):
     refused("book", "--for", "30m", "--at", "15:00", code=3, match="blackout")
     other = ok_json("blackout", "add", "--from", "tomorrow 01:00", "--until", "tomorrow 02:00",
                     "--reason", "x")
-    assert other["bookings_inside"] == [] and other["id"] != blackout
+    assert other["bookings_inside"] == [] and other["id"] != blackout and other["schema"] == 1
     refused("blackout", "add", "--from", "16:00", "--until", "15:00", "--reason", "x", code=2,
             match="after --from")
     refused("blackout", "add", "--from", "2026-12-01T08:00:00Z", "--until",

@@ -159,7 +159,7 @@ def test_session_by_option_or_environment_shows_in_status_and_sessions(daemon, o
 def test_the_grant_carries_the_session(daemon, owner):
     result = ok_json("claim", "--owner-pid", str(owner.pid), "--gpus", "1",
                      "--session", "agent-7")
-    assert result["allocation"]["session"] == "agent-7"
+    assert (result["schema"], result["allocation"]["session"]) == (1, "agent-7")
     with Client() as c:
         granted = c.claim(mode="dev", gpus=1, owner_pid=owner.pid, session="agent-8")
         assert granted["allocation"]["session"] == "agent-8"
@@ -400,7 +400,7 @@ def test_stop_dry_run_lists_and_changes_nothing(daemon, owner, signals):
     would = ok_json("stop", "--session", "A", "--dry-run")
     r = gpuctl("stop", "--session", "A", "--dry-run")
 
-    assert would == {"dry_run": True, "claims": [a1], "bookings": [booked]}
+    assert would == {"schema": 1, "dry_run": True, "claims": [a1], "bookings": [booked]}
     assert (r.returncode, r.stdout) == (0, "")
     line = one_gpuctl_line(r.stderr)
     assert "would stop" in line and a1 in line and booked in line and "dry run" in line
@@ -424,7 +424,7 @@ def test_stop_of_a_session_with_nothing_says_so(daemon, owner):
     assert (r.returncode, r.stdout) == (0, "")
     assert "nothing to stop" in one_gpuctl_line(r.stderr)
     assert ok_json("stop", "--session", "nobody") == {
-        "dry_run": False, "claims": [], "bookings": []}
+        "schema": 1, "dry_run": False, "claims": [], "bookings": []}
     assert set(claims()) == {ref}
 
 
@@ -567,7 +567,7 @@ def test_release_dry_run_releases_nothing(daemon, owner):
 
     assert (r.returncode, r.stdout) == (0, "")
     assert "would release" in one_gpuctl_line(r.stderr)
-    assert result == {"dry_run": True, "would_release": ref, "warnings": []}
+    assert result == {"schema": 1, "dry_run": True, "would_release": ref, "warnings": []}
     assert (status(), free()) == before == (before[0], 2)
     with Client() as c:
         assert c.release(ref, dry_run=True) == []
@@ -613,7 +613,7 @@ def test_stopping_another_users_sessions_needs_a_reason(daemon, owner):
     unknown = gpuctl("stop", "--user", "no-such-user-x9q")
 
     assert r.returncode == 2 and "reason" in one_gpuctl_line(r.stderr)
-    assert reasoned == {"dry_run": False, "claims": [], "bookings": []}
+    assert reasoned == {"schema": 1, "dry_run": False, "claims": [], "bookings": []}
     assert unknown.returncode == 2
     assert set(claims()) == {ref}
 
@@ -653,7 +653,7 @@ def test_claims_and_bookings_keep_their_session_across_a_restart(start_daemon, o
     assert claims()[ref]["session"] == "kept"
     assert bookings()[booked]["session"] == "kept"
     assert ok_json("stop", "--session", "kept") == {
-        "dry_run": False, "claims": [ref], "bookings": [booked]}
+        "schema": 1, "dry_run": False, "claims": [ref], "bookings": [booked]}
 
 
 def active_booking(session: str) -> str:
@@ -667,7 +667,7 @@ def test_stop_releases_an_active_booking_and_the_command_run_on_it_ends(daemon, 
     ref = active_booking("A")
     with trapping_run(tmp_path, "--allocation", ref) as run:
         assert ok_json("stop", "--session", "A") == {
-            "dry_run": False, "claims": [], "bookings": [ref]}
+            "schema": 1, "dry_run": False, "claims": [], "bookings": [ref]}
         assert bookings()[ref]["state"] == "ended"
         assert status()["claims"] == []
         run.wait(timeout=8)  # its end watcher sees the booking gone (SIGTERM)
