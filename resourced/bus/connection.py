@@ -157,7 +157,7 @@ class DaemonBus(MessageBus):
         self._below = object_manager.rstrip("/") + "/"  # the paths it manages start so
         self._announce = True  # False for the duration of a quiet export or unexport
         self._held: list | None = None  # (message, future) sent during a batch
-        self._replying: list | None = None  # what waits for the reply of the call now run
+        self._after: list[tuple] = []  # (fn, args) to call after the replies of this turn
 
     def send(self, msg: Message):
         if self._held is None:
@@ -187,18 +187,22 @@ class DaemonBus(MessageBus):
             self._send_together(held)
 
     def after_reply(self, fn, *args) -> None:
-        """Call ``fn(*args)`` once the reply to the bus call being handled has gone out,
-        in the same write where the method answered without waiting (one write and one
-        wake-up of the bus for a call and its signals, not two).
+        """Call ``fn(*args)`` once the reply to the bus call being handled has gone out:
+        two loop turns later (dbus-fast sends an ``async`` method's reply from a callback
+        that its task schedules on returning, after anything the method scheduled
+        itself), together with what the other calls of this turn left, in one write: a
+        busy daemon wakes the bus once for the signals of all the calls it read at once,
+        an idle one still answers first."""
+        self._after.append((fn, args))
+        if len(self._after) == 1:
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.call_soon, self._run_after)
 
-        Elsewhere this waits two loop turns: dbus-fast sends an ``async`` method's reply
-        from a callback that its task schedules on returning, after anything the method
-        scheduled itself."""
-        if self._replying is not None:
-            self._replying.append((fn, args))
-            return
-        loop = asyncio.get_running_loop()
-        loop.call_soon(loop.call_soon, fn, *args)
+    def _run_after(self) -> None:
+        calls, self._after = self._after, []
+        with self.batch():
+            for fn, args in calls:
+                fn(*args)
 
     def _send_together(self, held: list) -> None:
         if any(msg.unix_fds for msg, _ in held):  # (the daemon sends none)
@@ -235,19 +239,10 @@ class DaemonBus(MessageBus):
         def handler(msg: Message, send_reply) -> None:
             replying = send_reply is not _block_unexpected_reply and not (
                 msg.flags.value & NO_REPLY_EXPECTED_VALUE)
-            self._replying = after = []
-            try:
-                task = _start(method.fn(interface, *(to_args(msg) if msg.unix_fds else msg.body)))
-            finally:
-                self._replying = None
+            task = _start(method.fn(interface, *(to_args(msg) if msg.unix_fds else msg.body)))
             if task.done():
-                with self.batch():
-                    self._answer(task, msg, send_reply, replying, reply)
-                    for fn, args in after:
-                        fn(*args)
+                self._answer(task, msg, send_reply, replying, reply)
                 return
-            for fn, args in after:
-                self.after_reply(fn, *args)
             self._pending_futures.add(task)  # held until done, as dbus-fast does
             task.add_done_callback(self._pending_futures.discard)
             task.add_done_callback(
