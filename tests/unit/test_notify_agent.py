@@ -162,8 +162,9 @@ def test_systemd_accepts_the_agents_user_unit(tmp_path):
                     "Restart=on-failure", "PartOf=graphical-session.target",
                     "After=graphical-session.target", "WantedBy=graphical-session.target"):
         assert setting in settings
+    readme = (template.parents[1] / "README.md").as_uri()
     assert_systemd_accepts(tmp_path, "resourced-notify.service",
-                           text.replace("@PYTHON@", sys.executable))
+                           text.replace("@PYTHON@", sys.executable).replace("@README@", readme))
 
 
 def test_calendar_messages_say_what_happened_to_a_booking_in_words():
