@@ -569,7 +569,11 @@ class Client(_Base):
         """The daemon's whole view: GPUs, pools, claims, the queue, health."""
         import json
 
-        return json.loads(self._send(self._call("Describe"))[0])
+        return json.loads(self.status_json())
+
+    def status_json(self) -> str:
+        """``status()`` as the daemon sends it: JSON text, keys sorted."""
+        return self._send(self._call("Describe"))[0]
 
     def allocation(self, ref: str, use_index: bool = False) -> dict:
         """A live claim by reference, in the same shape ``claim`` returns."""

@@ -36,10 +36,13 @@ class StateView:
         self._texts.pop(claim_id, None)
 
     def describe(self) -> str:
-        """Everything ``gpuctl status --json`` shows, as JSON text (``Describe``)."""
-        rest = json.dumps(self._all_but_claims())
-        claims = ",".join(self._claim_json(c) for c in self.engine.ledger.claims.values())
-        return f'{rest[:-1]}, "claims": [{claims}]}}'
+        """Everything ``gpuctl status --json`` shows, as JSON text (``Describe``), exactly
+        as ``json.dumps(..., sort_keys=True)`` writes it: gpuctl passes it on as it is."""
+        rest = self._all_but_claims()
+        before = json.dumps({k: v for k, v in rest.items() if k < "claims"}, sort_keys=True)
+        after = json.dumps({k: v for k, v in rest.items() if k > "claims"}, sort_keys=True)
+        claims = ", ".join(self._claim_json(c) for c in self.engine.ledger.claims.values())
+        return f'{before[:-1]}, "claims": [{claims}], {after[1:]}'
 
     def _all_but_claims(self) -> dict:
         ledger = self.engine.ledger
@@ -83,7 +86,7 @@ class StateView:
     def _claim_json(self, c: Claim) -> str:
         text = self._texts.get(c.id)
         if text is None:
-            text = self._texts[c.id] = json.dumps(self._claim_record(c))
+            text = self._texts[c.id] = json.dumps(self._claim_record(c), sort_keys=True)
         return text
 
     def _claim_record(self, c: Claim) -> dict:

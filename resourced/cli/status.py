@@ -1,5 +1,6 @@
 """gpuctl status and free: who holds what, and how much is left."""
 
+import json
 import time
 
 import click
@@ -130,11 +131,11 @@ def status(bus, as_json):
     from ..booking_calls import now_usec
 
     with client(bus) as c:
-        data = c.status()
+        text = c.status_json()
     if as_json:
-        emit_json(data)
+        emit_json(text)
     else:
-        echo_table(render_status(data, now_usec() / 1e6))
+        echo_table(render_status(json.loads(text), now_usec() / 1e6))
 
 
 @click.command()

@@ -162,3 +162,14 @@ def test_on_this_machine_without_nvml_the_daemon_serves_no_gpus(start_daemon):
     start_daemon(gpus="")
 
     _assert_gpu_less("NVML")
+
+
+def test_status_json_is_one_line_of_sorted_keys_as_every_json_of_gpuctl(daemon, owner):
+    """gpuctl passes the daemon's Describe on as it is: it must read as emit_json writes."""
+    with Client() as c:
+        for gpus in (1, 2):
+            c.claim(mode="dev", gpus=gpus, owner_pid=owner.pid, label=f"l{gpus}")
+    r = gpuctl("status", "--json")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == json.dumps(json.loads(r.stdout), sort_keys=True) + "\n"
+    assert len(json.loads(r.stdout)["claims"]) == 2
