@@ -215,13 +215,45 @@ def _message_size(head: bytes) -> int:
     return header + -header % 8 + body_length
 
 
+READ_SIZE = 256 * 1024
+"""Bytes asked of the socket at once (jeepney asks 4 KiB: a status of 10,000 claims, 4 MB,
+took a thousand reads)."""
+
+
+class _BigReads:
+    """A blocking jeepney connection that reads up to ``READ_SIZE`` at once (where it
+    passes no file descriptors; jeepney reads those itself)."""
+
+    def _read_some_data(self, timeout=None):
+        if self.enable_fds:
+            return super()._read_some_data(timeout)
+        for key, _ in self.selector.select(timeout):
+            if key == self.select_key:
+                data = self.sock.recv(READ_SIZE)
+                if not data:
+                    raise ConnectionResetError("the bus closed the connection")
+                return data, []
+        raise TimeoutError
+
+
 def install(connection) -> None:
     """Read ``connection``'s messages (a jeepney connection of either kind) with
-    ``FastParser`` from now on, if its parser is jeepney's as this module knows it."""
+    ``FastParser`` from now on, if its parser is jeepney's as this module knows it; a
+    blocking one also in bigger reads."""
     parser = getattr(connection, "parser", None)
     if type(parser) is Parser and all(hasattr(parser, name) for name in
                                       ("buf", "fds", "next_msg_size")):
         parser.__class__ = FastParser
+    from jeepney.io.blocking import DBusConnection
+
+    if type(connection) is DBusConnection and all(
+            hasattr(connection, name) for name in ("selector", "select_key", "sock")):
+        connection.__class__ = _big_reads(DBusConnection)
+
+
+@lru_cache(maxsize=1)
+def _big_reads(connection_class: type) -> type:
+    return type(connection_class.__name__, (_BigReads, connection_class), {})
 
 
 # -- writing ---------------------------------------------------------------------------
