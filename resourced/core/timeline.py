@@ -26,7 +26,7 @@ from .claims import Demand
 from .view import View
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Hold:
     """What one booking or claim holds over ``[start, end)`` (``end`` None: no end)."""
 
