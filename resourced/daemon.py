@@ -22,7 +22,7 @@ from pathlib import Path
 
 from dbus_fast import BusType, Message, MessageType, NameFlag, RequestNameReply
 
-from . import __version__
+from . import __version__, memory
 from .backends import select_backend
 from .bus.caller import remember_call
 from .bus.connection import DaemonBus
@@ -351,6 +351,7 @@ async def serve(args: argparse.Namespace) -> int:
     )
     if os.environ.get("NOTIFY_SOCKET"):  # (read once: so does every notify)
         engine.subscribe(_status_notifier(engine))
+    memory.trim()  # what reading the claims and the calendar left behind
     notify("READY=1", f"STATUS={status_line(engine)}")
     interval = watchdog_interval()
     watchdog = asyncio.ensure_future(run_watchdog(interval)) if interval else None

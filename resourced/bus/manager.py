@@ -27,7 +27,7 @@ import json
 from dbus_fast import Message, MessageType, PropertyAccess, Variant
 from dbus_fast.service import dbus_method, dbus_property, dbus_signal
 
-from .. import __version__
+from .. import __version__, memory
 from ..config import ConfigError
 from ..core import health as health_levels
 from ..core.calendar import BookingEvent, Notice, check_instant
@@ -331,7 +331,10 @@ class ManagerInterface(Interface):
     @dbus_method()
     @bus_errors
     def Describe(self) -> "s":
-        return self.view.describe()
+        text = self.view.describe()
+        if len(text) > memory.BIG:
+            self.bus.after_reply(memory.trim)
+        return text
 
     # -- bookings ----------------------------------------------------------------------
     @dbus_method()
