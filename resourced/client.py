@@ -346,17 +346,24 @@ class _Base:
         """The bus itself could not be reached (or stopped answering)."""
         why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         return DaemonUnreachable(f"cannot reach the {bus} bus ({why}){self._tried(bus)}; "
-                                 f"start the daemon: {START_HINTS[bus]}")
+                                 f"start the daemon: {self._hint(bus)}")
 
     def _not_running(self, bus: str) -> DaemonUnreachable:
         """The bus answered, but nobody owns org.resourced there."""
         return DaemonUnreachable(f"the resourced daemon is not running on the {bus} bus"
-                                 f"{self._tried(bus)}; start it: {START_HINTS[bus]}")
+                                 f"{self._tried(bus)}; start it: {self._hint(bus)}")
+
+    def _looked_everywhere(self, bus: str) -> bool:
+        return not self._requested_bus and bus == "system"
 
     def _tried(self, bus: str) -> str:
-        if self._requested_bus or bus != "system":
-            return ""
-        return ", and no daemon runs on the session bus"
+        return ", and no daemon runs on the session bus" if self._looked_everywhere(bus) else ""
+
+    def _hint(self, bus: str) -> str:
+        """How to start a daemon on ``bus`` (and on the session bus, where both were tried)."""
+        if self._looked_everywhere(bus):
+            return f"{START_HINTS['system']}; for yourself alone, {START_HINTS['session']}"
+        return START_HINTS[bus]
 
 
 def _is_outcome_of(msg, path: str) -> bool:

@@ -26,4 +26,5 @@ def test_looking_everywhere_it_names_both_buses_and_both_ways_to_start(no_daemon
     assert r.stderr.startswith("gpuctl: cannot reach the system bus (No such file or directory), "
                                "and no daemon runs on the session bus; start the daemon: ")
     assert "`sudo systemctl start resourced`" in r.stderr and "`resourced --session`" in r.stderr
+    assert "`systemctl --user start resourced`" in r.stderr
     assert r.stderr.count("\n") == 1
