@@ -31,16 +31,7 @@ DIR_MODE = 0o750
 START_TIMEOUT = 10.0
 MAX_CONNECTIONS_PER_USER = 64
 
-BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<!-- Written by resourced at each start of the shared bus: edits are overwritten. -->
-<busconfig>
-  <listen>{listen}</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow user={host}/>
-    <allow user="root"/>
-    <allow group={group}/>
+SYSTEM_BUS_DEFAULTS = """\
     <deny own="*"/>
     <deny send_type="method_call"/>
     <allow send_type="signal"/>
@@ -58,7 +49,21 @@ BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Config
     <deny send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus"
           send_member="UpdateActivationEnvironment"/>
     <deny send_destination="org.freedesktop.DBus"
-          send_interface="org.freedesktop.DBus.Debug.Stats"/>
+          send_interface="org.freedesktop.DBus.Debug.Stats"/>"""
+"""The default-deny rules of a system bus's own configuration (Debian's system.conf):
+the shared bus keeps them, and so does the private system bus of the system tests."""
+
+BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<!-- Written by resourced at each start of the shared bus: edits are overwritten. -->
+<busconfig>
+  <listen>{listen}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user={host}/>
+    <allow user="root"/>
+    <allow group={group}/>
+{defaults}
   </policy>
   <policy user={host}>
     <allow own="org.resourced"/>
@@ -85,8 +90,9 @@ class SharedBusTaken(SharedBusError):
 
 def bus_config(directory: Path, host: str, group: str) -> str:
     """The configuration of the shared bus: who may connect, own the name and call it."""
-    return BUS_CONFIG.format(listen=address_of(directory), host=quoteattr(host),
-                             group=quoteattr(group), max_connections=MAX_CONNECTIONS_PER_USER)
+    return BUS_CONFIG.format(listen=address_of(directory), defaults=SYSTEM_BUS_DEFAULTS,
+                             host=quoteattr(host), group=quoteattr(group),
+                             max_connections=MAX_CONNECTIONS_PER_USER)
 
 
 def _die_with_parent() -> None:

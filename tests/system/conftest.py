@@ -48,6 +48,8 @@ from pathlib import Path
 
 import pytest
 
+from resourced.shared_bus import SYSTEM_BUS_DEFAULTS
+
 ROOT = Path(__file__).resolve().parents[2]
 
 PREFIX = "rdt-"
@@ -528,24 +530,7 @@ class Rig:
   <!-- the default-deny policy of Debian's system.conf -->
   <policy context="default">
     <allow user="*"/>
-    <deny own="*"/>
-    <deny send_type="method_call"/>
-    <allow send_type="signal"/>
-    <allow send_requested_reply="true" send_type="method_return"/>
-    <allow send_requested_reply="true" send_type="error"/>
-    <allow receive_type="method_call"/>
-    <allow receive_type="method_return"/>
-    <allow receive_type="error"/>
-    <allow receive_type="signal"/>
-    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus"/>
-    <allow send_destination="org.freedesktop.DBus"
-           send_interface="org.freedesktop.DBus.Introspectable"/>
-    <allow send_destination="org.freedesktop.DBus"
-           send_interface="org.freedesktop.DBus.Properties"/>
-    <deny send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus"
-          send_member="UpdateActivationEnvironment"/>
-    <deny send_destination="org.freedesktop.DBus"
-          send_interface="org.freedesktop.DBus.Debug.Stats"/>
+{SYSTEM_BUS_DEFAULTS}
     <deny send_destination="org.freedesktop.DBus"
           send_interface="org.freedesktop.systemd1.Activator"/>
   </policy>
