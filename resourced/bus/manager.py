@@ -756,10 +756,11 @@ class ManagerInterface(Interface):
                 elif key in self._pools:  # (gone after a reload that removed it)
                     self._pools[key].emit_properties_changed({"Free": self._pools[key].Free})
 
-    def _run_all(self, calls: list[tuple]) -> None:
-        with self.bus.batch():  # one write for them all
-            for fn, *args in calls:
-                fn(*args)
+    @staticmethod
+    def _run_all(calls: list[tuple]) -> None:
+        """The calls ``_publish`` gathered, in order (``after_reply`` writes them at once)."""
+        for fn, *args in calls:
+            fn(*args)
 
 
 def _report(r: GpuReport) -> dict:
