@@ -54,8 +54,9 @@ def clocked_daemon(start_daemon, clock, monkeypatch):
 
 @pytest.fixture
 def owner():
-    """A long-lived process of ours to own claims; killed afterwards."""
-    proc = subprocess.Popen(["sleep", "60"])
+    """A process of ours to own claims, alive for the longest test (the fuzzer's);
+    killed afterwards."""
+    proc = subprocess.Popen(["sleep", "600"])
     yield proc
     proc.kill()
     proc.wait(timeout=10)

@@ -19,7 +19,6 @@ import math
 import os
 import re
 import reprlib
-import subprocess
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -27,7 +26,6 @@ from collections import Counter
 from dataclasses import dataclass
 from random import Random
 
-import pytest
 from jeepney import DBusAddress, HeaderFields, MessageType, new_method_call
 from jeepney.io.blocking import open_dbus_connection
 
@@ -500,14 +498,6 @@ class Pinger(threading.Thread):
         self.join()
         self.wire.close()
         return self.latencies
-
-
-@pytest.fixture
-def owner():
-    proc = subprocess.Popen(["sleep", "600"])
-    yield proc
-    proc.kill()
-    proc.wait(timeout=10)
 
 
 def test_fuzz_every_method_and_property(start_daemon, tmp_path, owner):
