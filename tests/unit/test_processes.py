@@ -212,6 +212,14 @@ def _child() -> subprocess.Popen:
     return subprocess.Popen(["sleep", "30"])
 
 
+async def _soon(condition) -> None:
+    """Let the loop run until ``condition()`` holds, for at most 2 s (the caller asserts)."""
+    for _ in range(200):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+
+
 def test_a_process_watched_again_keeps_its_registration_and_its_exit_is_still_heard():
     async def test():
         exited = []
@@ -227,10 +235,7 @@ def test_a_process_watched_again_keeps_its_registration_and_its_exit_is_still_he
             assert watcher._fds[ref] == fd  # the same pidfd, not a new registration
             child.kill()
             child.wait()
-            for _ in range(200):
-                if exited:
-                    break
-                await asyncio.sleep(0.01)
+            await _soon(lambda: exited)
             assert exited == ["c2"]
             assert ref not in watcher._fds
         finally:
@@ -251,10 +256,7 @@ def test_an_idle_process_that_exits_is_dropped_without_a_callback():
             watcher.forget("c1")
             child.kill()
             child.wait()
-            for _ in range(200):
-                if ref not in watcher._fds:
-                    break
-                await asyncio.sleep(0.01)
+            await _soon(lambda: ref not in watcher._fds)
             assert ref not in watcher._fds and exited == []
         finally:
             watcher.close()
