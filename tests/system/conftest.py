@@ -820,7 +820,7 @@ class Rig:
         to the users' environment; stdin is not a TTY."""
         return subprocess.run([*self._as_user(key), *argv], env={**self.user_env(), **(env or {})},
                               cwd=self.dir, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, check=False)
 
     def gpuctl(self, key: str | None, *args: str, timeout: float = 60,
                env: dict[str, str] | None = None):
