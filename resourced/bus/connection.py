@@ -239,10 +239,11 @@ class DaemonBus(MessageBus):
         def handler(msg: Message, send_reply) -> None:
             replying = send_reply is not _block_unexpected_reply and not (
                 msg.flags.value & NO_REPLY_EXPECTED_VALUE)
-            task = _start(method.fn(interface, *(to_args(msg) if msg.unix_fds else msg.body)))
-            if task.done():
-                self._answer(task, msg, send_reply, replying, reply)
-                return
+            with self.batch():  # the reply and what the call sent at once: one write
+                task = _start(method.fn(interface, *(to_args(msg) if msg.unix_fds else msg.body)))
+                if task.done():
+                    self._answer(task, msg, send_reply, replying, reply)
+                    return
             self._pending_futures.add(task)  # held until done, as dbus-fast does
             task.add_done_callback(self._pending_futures.discard)
             task.add_done_callback(

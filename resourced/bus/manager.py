@@ -658,7 +658,10 @@ class ManagerInterface(Interface):
         """Signals and PropertiesChanged for a batch of engine events, each once.
 
         They go out (with the values of now) just after the reply to the call that caused
-        them, so the caller is not kept waiting while the bus routes them.  A claim whose
+        them, so the caller is not kept waiting while the bus routes them; but a waiter's
+        ``Granted`` or ``Cancelled`` goes at once, in the same write as that reply: a
+        waiter served by a release is the next link of a chain of processes taking turns,
+        and need not wait behind the other signals and the audit lines.  A claim whose
         signals are due gets its object first (``_claim_object``); the others get theirs
         when a call needs it (``_export_claims_for``)."""
         out: list[tuple] = []  # (function, args), in order
@@ -680,18 +683,18 @@ class ManagerInterface(Interface):
                 out.append((self.ClaimNew, claim.id, claim_path(claim.id)))
             elif isinstance(event, ClaimGranted):  # a waiter served: from its path, object or not
                 self._waiting.discard(claim.id)
+                self.bus.emit(claim_path(claim.id), CLAIM_IFACE, "Granted", "a{sv}",
+                              [self.view.grant(claim)], claim.reply_to)  # (now: see above)
                 out.append((self.bus.emit, claim_path(claim.id), PROPERTIES_IFACE,
                             "PropertiesChanged", "sa{sv}as", [CLAIM_IFACE, changed_values(
                                 ClaimInterface, {"State": claim.state,
                                                  "GPUUUIDs": list(claim.gpus)}), []]))
-                out.append((self.bus.emit, claim_path(claim.id), CLAIM_IFACE, "Granted", "a{sv}",
-                            [self.view.grant(claim)], claim.reply_to))
             elif isinstance(event, ClaimReleased):
                 iface = self._claims.pop(claim.id, None)
                 if claim.id in self._waiting:  # it left the queue ungranted
                     self._waiting.discard(claim.id)
-                    out.append((self.bus.emit, claim_path(claim.id), CLAIM_IFACE, "Cancelled",
-                                "s", [event.reason], claim.reply_to))
+                    self.bus.emit(claim_path(claim.id), CLAIM_IFACE, "Cancelled", "s",
+                                  [event.reason], claim.reply_to)
                 if iface is not None:
                     out.append((self.bus.unexport, claim_path(claim.id), iface, False))
                 out.append((self.bus.interfaces_removed, claim_path(claim.id), (CLAIM_IFACE,)))
