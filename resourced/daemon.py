@@ -31,7 +31,7 @@ from .bus.names import BUS_NAME
 from .bus.polkit import SharedAccess
 from .calendar_store import CalendarStore
 from .config import Config, ConfigError, find_config, load_config, reload_changes
-from .engine import Engine, after_reply
+from .engine import Engine
 from .evidence.host import host_pools
 from .evidence.processes import boot_id
 from .health_monitor import HealthMonitor
@@ -134,7 +134,7 @@ def _status_notifier(engine: Engine):
     def changed(_events) -> None:
         if not pending[0]:
             pending[0] = True
-            after_reply(send)
+            engine.after_reply(send)
     return changed
 
 

@@ -83,7 +83,7 @@ from .evidence.gpuprobe import GpuEvidence, GpuProbe
 from .evidence.liveness import ExitWatcher
 from .evidence.processes import pid_max, pin_process, process_session, process_uid
 from .evidence.proctable import ancestry, command_line, read_table, user_name
-from .sd import audit
+from .sd import audit, one_write
 from .slurm_jobs import job_label, job_steps, slurm_gpus
 from .threads import off_loop
 from .usage_store import retention as usage_retention
@@ -163,6 +163,7 @@ class Engine(CalendarOperations):
         self.backend_note = getattr(backend, "reason", "")
         self.probe = GpuProbe(backend, settings.probe_timeout)
         self._listeners: list[Callable[[list[Event]], None]] = []
+        self._after: list[tuple] = []  # (fn, args) to call after this turn's replies
         self._watcher: ExitWatcher | None = None
         self._tracker: asyncio.Task | None = None
         self._sampler: asyncio.Task | None = None
@@ -952,12 +953,36 @@ class Engine(CalendarOperations):
                 if undo is not None:
                     undo()
                     raise Internal("the daemon cannot record claims; see its log") from exc
-        # The audit lines are written after the reply: the log is not on the caller's clock.
-        after_reply(self._audit_all, events)
         for listener in self._listeners:
             listener(events)
+        # The audit lines are written after the reply (the log is not on the caller's
+        # clock), and after the signals the listeners leave for then.
+        self.after_reply(self._audit_all, events)
         if any(isinstance(e, ClaimReleased) for e in events):
             self._serve_queue()  # what was freed may serve a waiter for GPUs
+
+    def after_reply(self, fn, *args) -> None:
+        """Call ``fn(*args)`` once the reply to the bus call being handled has gone out.
+
+        dbus-fast sends an ``async`` method's reply from a callback that its task
+        schedules on returning, so it comes after anything the method itself scheduled
+        with ``call_soon``: this waits one loop turn more.  (With one turn, the audit lines
+        and the usage history were written before the reply: about a third of the time a
+        claim and its release took to answer.)  What the calls of one turn leave runs
+        together, their log lines in one write."""
+        self._after.append((fn, args))
+        if len(self._after) == 1:
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.call_soon, self._run_after)
+
+    def _run_after(self) -> None:
+        calls, self._after = self._after, []
+        with one_write():
+            for fn, args in calls:
+                try:
+                    fn(*args)
+                except Exception:  # the others still run
+                    log.exception("%s after a reply failed", getattr(fn, "__qualname__", fn))
 
     def _audit_all(self, events: list[Event]) -> None:
         for event in events:
@@ -994,18 +1019,6 @@ class Engine(CalendarOperations):
             except (TimeoutError, KeyError):
                 return str(uid)
         return self._user_names[uid]
-
-
-def after_reply(fn, *args) -> None:
-    """Call ``fn(*args)`` once the reply to the bus call being handled has gone out.
-
-    dbus-fast sends an ``async`` method's reply from a callback that its task schedules on
-    returning, so it comes after anything the method itself scheduled with ``call_soon``:
-    this waits one loop turn more.  (With one turn, the audit lines and the usage history
-    were written before the reply: about a third of the time a claim and its release
-    took to answer.)"""
-    loop = asyncio.get_running_loop()
-    loop.call_soon(loop.call_soon, fn, *args)
 
 
 def _callers_process(caller: Caller, pid: int, role: str) -> tuple[ProcessRef, int]:

@@ -9,6 +9,7 @@ events additionally go to the journal's native socket with structured fields, so
 """
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -19,7 +20,6 @@ JOURNAL_SOCKET = "/run/systemd/journal/socket"
 AUDIT_MESSAGE_ID = "3f5b3c2e9a0d4e61b1a7c4d2e8f90a17"  # MESSAGE_ID of every resourced audit event
 
 log = logging.getLogger("resourced")
-audit_log = logging.getLogger("resourced.audit")
 
 
 # -- sd_notify -------------------------------------------------------------------------
@@ -74,10 +74,6 @@ PRIORITIES = {
 }
 
 
-def _priority(record: logging.LogRecord) -> int:
-    return getattr(record, "priority", None) or PRIORITIES.get(record.levelno, 6)
-
-
 def stderr_is_journal() -> bool:
     stream = os.environ.get("JOURNAL_STREAM", "")
     try:
@@ -98,23 +94,82 @@ def one_line(text: str) -> str:
     return text if text.isprintable() else text.translate(_CONTROL)
 
 
+def stderr_text(message: str, priority: int, fields: dict, journal: bool) -> str:
+    """A line for stderr: ``<N>message`` for journald (which adds time and name; each line
+    of a message its own entry), else ``resourced: message key=value ...``."""
+    text = one_line(message)
+    if fields and not journal:
+        text += " " + " ".join(f"{k.lower()}={one_line(str(v))}" for k, v in fields.items())
+    if journal:
+        return "\n".join(f"<{priority}>{line}" for line in text.splitlines())
+    return f"resourced: {text}"
+
+
 class StderrFormatter(logging.Formatter):
-    """``<N>message`` for journald (which adds time and name), else ``resourced: message``."""
+    """Log records as ``stderr_text`` writes them, with any exception's traceback."""
 
     def __init__(self, journal: bool):
         super().__init__()
         self.journal = journal
 
     def format(self, record: logging.LogRecord) -> str:
-        text = one_line(record.getMessage())
-        fields = getattr(record, "fields", None)
-        if fields and not self.journal:
-            text += " " + " ".join(f"{k.lower()}={one_line(str(v))}" for k, v in fields.items())
+        message = record.getMessage()
         if record.exc_info:
-            text += "\n" + self.formatException(record.exc_info)
-        if self.journal:
-            return "\n".join(f"<{_priority(record)}>{line}" for line in text.splitlines())
-        return f"resourced: {text}"
+            message += "\n" + self.formatException(record.exc_info)
+        return stderr_text(message, PRIORITIES.get(record.levelno, 6), {}, self.journal)
+
+
+class StderrHandler(logging.StreamHandler):
+    """stderr, where the lines written inside ``held()`` go out in one write at its end."""
+
+    def __init__(self, journal: bool):
+        super().__init__(sys.stderr)
+        self.journal = journal
+        self.setFormatter(StderrFormatter(journal))
+        self._lines: list[str] | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.write(self.format(record))
+        except Exception:  # noqa: BLE001 - as StreamHandler.emit does
+            self.handleError(record)
+
+    def write(self, text: str) -> None:
+        """``text`` as a line of its own, now or at the end of ``held()``."""
+        with self.lock:
+            if self._lines is not None:
+                self._lines.append(text + self.terminator)
+                return
+        with contextlib.suppress(OSError, ValueError):  # stderr gone: nothing to tell
+            self.stream.write(text + self.terminator)
+            self.stream.flush()
+
+    @contextlib.contextmanager
+    def held(self):
+        if self._lines is not None:  # already in one
+            yield
+            return
+        self._lines = []
+        try:
+            yield
+        finally:
+            with self.lock:  # (a thread may be logging)
+                lines, self._lines = self._lines, None
+            if lines:
+                with contextlib.suppress(OSError, ValueError):
+                    self.stream.write("".join(lines))
+                    self.stream.flush()
+
+
+_stderr: StderrHandler | None = None  # set up by setup_logging
+_journal: "JournalSocket | None" = None  # where audit events go natively, if anywhere
+_audit_stderr: StderrHandler | None = None  # where they go as lines, if anywhere
+
+
+def one_write():
+    """A context: the stderr lines logged inside (the audit lines of a loop turn, say)
+    are written together at its end, with one system call, not one each."""
+    return _stderr.held() if _stderr is not None else contextlib.nullcontext()
 
 
 def encode_journal_fields(fields: dict[str, str]) -> bytes:
@@ -129,30 +184,20 @@ def encode_journal_fields(fields: dict[str, str]) -> bytes:
     return bytes(out)
 
 
-class JournalHandler(logging.Handler):
-    """Sends records to journald's native socket with their structured fields."""
+class JournalSocket:
+    """journald's native socket: an entry per datagram, with structured fields."""
 
     def __init__(self, path: str):
-        super().__init__()
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
 
-    def emit(self, record: logging.LogRecord) -> None:
-        fields = {
-            "MESSAGE": record.getMessage(),
-            "PRIORITY": str(_priority(record)),
-            "SYSLOG_IDENTIFIER": "resourced",
-            "MESSAGE_ID": AUDIT_MESSAGE_ID,
-            **{k: str(v) for k, v in getattr(record, "fields", {}).items()},
-        }
+    def send(self, message: str, priority: int, fields: dict) -> None:
+        entry = {"MESSAGE": message, "PRIORITY": str(priority),
+                 "SYSLOG_IDENTIFIER": "resourced", "MESSAGE_ID": AUDIT_MESSAGE_ID, **fields}
         try:
-            self.sock.sendto(encode_journal_fields(fields), self.path)
-        except OSError:
-            self.handleError(record)
-
-    def close(self) -> None:
-        self.sock.close()
-        super().close()
+            self.sock.sendto(encode_journal_fields(entry), self.path)
+        except OSError as exc:
+            log.warning("cannot send an audit event to the journal at %s: %s", self.path, exc)
 
 
 def setup_logging() -> None:
@@ -164,29 +209,25 @@ def setup_logging() -> None:
     # No record carries the pid, thread or process name: nothing here prints them (the
     # journal knows the pid), and finding them cost a system call per line.
     logging.logProcesses = logging.logThreads = logging.logMultiprocessing = False
-    stderr = logging.StreamHandler(sys.stderr)
-    stderr.setFormatter(StderrFormatter(journal))
+    global _stderr, _journal, _audit_stderr
+    stderr = _stderr = StderrHandler(journal)
     root = logging.getLogger("resourced")
     root.handlers[:] = [stderr]
     root.setLevel(logging.INFO)
     root.propagate = False
     native = os.environ.get("RESOURCED_JOURNAL_SOCKET") or (JOURNAL_SOCKET if journal else "")
-    audit_log.handlers[:] = []
-    audit_log.propagate = True
-    if native:
-        audit_log.addHandler(JournalHandler(native))
-        # The native record already carries the message; don't log it to the journal twice.
-        audit_log.propagate = not journal
+    _journal = JournalSocket(native) if native else None
+    # The native entry already carries the message; it is not logged to the journal twice.
+    _audit_stderr = None if journal and native else stderr
 
 
 def audit(message: str, priority: int = 5, **fields) -> None:
-    """An audit event: a log line with structured RESOURCED_* fields (priority 5 = notice).
-
-    The record is made directly, without ``Logger.info``'s look up the stack for the
-    caller's file and line, which no handler here prints (two audit lines per claim and
-    release: that look was a third of their cost)."""
-    if not audit_log.isEnabledFor(logging.INFO):
-        return
-    audit_log.handle(audit_log.makeRecord(
-        audit_log.name, logging.INFO, "(audit)", 0, message, None, None,
-        extra={"priority": priority, "fields": {f"RESOURCED_{k.upper()}": v for k, v in fields.items()}}))
+    """An audit event (priority 5 = notice), with structured ``RESOURCED_*`` fields: an
+    entry on the journal's native socket where there is one, and a line on stderr unless
+    stderr is the journal too.  Not a ``logging`` record: three of them per claim and
+    release, and the logging machinery was three quarters of their cost."""
+    fields = {f"RESOURCED_{k.upper()}": v for k, v in fields.items()}
+    if _journal is not None:
+        _journal.send(message, priority, {k: str(v) for k, v in fields.items()})
+    if _audit_stderr is not None:
+        _audit_stderr.write(stderr_text(message, priority, fields, _audit_stderr.journal))
