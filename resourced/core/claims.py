@@ -125,7 +125,7 @@ def check_text(name: str, text: str) -> None:
         raise InvalidRequest(f"{name} must not contain control characters (newlines, tabs)")
 
 
-@dataclass
+@dataclass(slots=True)
 class Claim:
     """A claim, queued or granted. Once granted, only the liveness fields, ``members`` and
     the reclaim request change.
