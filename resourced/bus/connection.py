@@ -205,7 +205,7 @@ class DaemonBus(MessageBus):
                 fn(*args)
 
     def _send_together(self, held: list) -> None:
-        if any(msg.unix_fds for msg, _ in held):  # (the daemon sends none)
+        if len(held) == 1 or any(msg.unix_fds for msg, _ in held):  # (the daemon sends no fds)
             for msg, future in held:
                 self._writer.schedule_write(msg, future)
             return
