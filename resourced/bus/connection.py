@@ -31,7 +31,8 @@
   daemon's time.  The bus keeps each exported interface's path instead.
 - Signals sent together go out in one write (``batch``): the manager sends the handful
   that follow a claim or a release so, and the bus daemon wakes once for them, not once
-  each.
+  each.  A method's reply leaves in one write with what the method sent meanwhile (a
+  waiter's ``Granted``, when a release served one).
 - An ``async`` method starts at once (``_make_method_handler``).  dbus-fast made a task
   for each call, which ran a loop turn later, and sent the reply from a callback one
   more turn after it returned; a claim and a release (that await nothing when the GPU
