@@ -24,6 +24,7 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .after_reply import AfterReply
 from .backends import Backend, NoGpus
 from .config import DaemonConfig, GpuEntry, SlurmConfig
 from .core.attribution import attribute, children_of, claim_processes, descendants
@@ -163,7 +164,8 @@ class Engine(CalendarOperations):
         self.backend_note = getattr(backend, "reason", "")
         self.probe = GpuProbe(backend, settings.probe_timeout)
         self._listeners: list[Callable[[list[Event]], None]] = []
-        self._after: list[tuple] = []  # (fn, args) to call after this turn's replies
+        self.after_reply = AfterReply()  # signals, audit lines: after the replies
+        self.after_reply.hold(one_write)
         self._watcher: ExitWatcher | None = None
         self._tracker: asyncio.Task | None = None
         self._sampler: asyncio.Task | None = None
@@ -960,29 +962,6 @@ class Engine(CalendarOperations):
         self.after_reply(self._audit_all, events)
         if any(isinstance(e, ClaimReleased) for e in events):
             self._serve_queue()  # what was freed may serve a waiter for GPUs
-
-    def after_reply(self, fn, *args) -> None:
-        """Call ``fn(*args)`` once the reply to the bus call being handled has gone out.
-
-        dbus-fast sends an ``async`` method's reply from a callback that its task
-        schedules on returning, so it comes after anything the method itself scheduled
-        with ``call_soon``: this waits one loop turn more.  (With one turn, the audit lines
-        and the usage history were written before the reply: about a third of the time a
-        claim and its release took to answer.)  What the calls of one turn leave runs
-        together, their log lines in one write."""
-        self._after.append((fn, args))
-        if len(self._after) == 1:
-            loop = asyncio.get_running_loop()
-            loop.call_soon(loop.call_soon, self._run_after)
-
-    def _run_after(self) -> None:
-        calls, self._after = self._after, []
-        with one_write():
-            for fn, args in calls:
-                try:
-                    fn(*args)
-                except Exception:  # the others still run
-                    log.exception("%s after a reply failed", getattr(fn, "__qualname__", fn))
 
     def _audit_all(self, events: list[Event]) -> None:
         for event in events:

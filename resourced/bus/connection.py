@@ -158,7 +158,6 @@ class DaemonBus(MessageBus):
         self._below = object_manager.rstrip("/") + "/"  # the paths it manages start so
         self._announce = True  # False for the duration of a quiet export or unexport
         self._held: list | None = None  # (message, future) sent during a batch
-        self._after: list[tuple] = []  # (fn, args) to call after the replies of this turn
 
     def send(self, msg: Message):
         if self._held is None:
@@ -186,24 +185,6 @@ class DaemonBus(MessageBus):
         finally:
             held, self._held = self._held, None
             self._send_together(held)
-
-    def after_reply(self, fn, *args) -> None:
-        """Call ``fn(*args)`` once the reply to the bus call being handled has gone out:
-        two loop turns later (dbus-fast sends an ``async`` method's reply from a callback
-        that its task schedules on returning, after anything the method scheduled
-        itself), together with what the other calls of this turn left, in one write: a
-        busy daemon wakes the bus once for the signals of all the calls it read at once,
-        an idle one still answers first."""
-        self._after.append((fn, args))
-        if len(self._after) == 1:
-            loop = asyncio.get_running_loop()
-            loop.call_soon(loop.call_soon, self._run_after)
-
-    def _run_after(self) -> None:
-        calls, self._after = self._after, []
-        with self.batch():
-            for fn, args in calls:
-                fn(*args)
 
     def _send_together(self, held: list) -> None:
         if len(held) == 1 or any(msg.unix_fds for msg, _ in held):  # (the daemon sends no fds)

@@ -155,6 +155,7 @@ class ManagerInterface(Interface):
         self._pools: dict[str, PoolInterface] = {}
         self.shared = shared
         self._bind(bus)
+        engine.after_reply.hold(lambda: self.bus.batch())  # a turn's signals: one write
         self._gpus: dict[str, GpuInterface] = {}
         self._claims: dict[str, ClaimInterface] = {}  # the claim objects exported so far
         self._waiting: set[str] = set()  # queued claims (their outcome is signalled so)
@@ -333,7 +334,7 @@ class ManagerInterface(Interface):
     def Describe(self) -> "s":
         text = self.view.describe()
         if len(text) > memory.BIG:
-            self.bus.after_reply(memory.trim)
+            self.engine.after_reply(memory.trim)
         return text
 
     # -- bookings ----------------------------------------------------------------------
@@ -744,7 +745,7 @@ class ManagerInterface(Interface):
             totals.append(MANAGER_PATH)
         if totals:
             out.append((self._announce_totals, totals))
-        self.bus.after_reply(self._run_all, out)
+        self.engine.after_reply(self._run_all, out)
 
     def _announce_totals(self, keys: list[str]) -> None:
         """PropertiesChanged of the totals ``keys`` name (the Manager's path, pool names),
@@ -761,7 +762,7 @@ class ManagerInterface(Interface):
 
     @staticmethod
     def _run_all(calls: list[tuple]) -> None:
-        """The calls ``_publish`` gathered, in order (``after_reply`` writes them at once)."""
+        """The calls ``_publish`` gathered, in order."""
         for fn, *args in calls:
             fn(*args)
 
