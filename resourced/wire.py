@@ -21,7 +21,15 @@ to jeepney.
 import struct
 from functools import lru_cache
 
-from jeepney.low_level import Endianness, Header, HeaderFields, Message, Parser
+from jeepney.low_level import (
+    Endianness,
+    Header,
+    HeaderFields,
+    Message,
+    MessageFlag,
+    MessageType,
+    Parser,
+)
 
 _FIXED = {"y": "B", "n": "h", "q": "H", "b": "I", "i": "i", "u": "I", "x": "q", "t": "Q",
           "d": "d"}
@@ -29,6 +37,7 @@ _SIZE = {"y": 1, "n": 2, "q": 2, "b": 4, "i": 4, "u": 4, "x": 8, "t": 8, "d": 8}
 _ALIGN = {**_SIZE, "s": 4, "o": 4, "g": 1, "v": 1, "a": 4, "(": 8, "{": 8}
 _FIELDS = {f.value: f for f in HeaderFields}
 _ENDIAN = {b"l": ("<", Endianness.little), b"B": (">", Endianness.big)}
+_U32 = {e: struct.Struct(e + "I").unpack_from for e in "<>"}
 
 
 class Unsupported(Exception):
@@ -142,7 +151,22 @@ def _array_reader(element: str, endian: str):
             return bytes(buf[pos:pos + n]), pos + n
         return read_bytes
     if element[0] == "{":
-        key, value = (reader(t, endian) for t in _types(element[1:-1]))
+        key_type, value_type = _types(element[1:-1])
+        key, value = reader(key_type, endian), reader(value_type, endian)
+        if key_type == "s":  # (a{sv} and a{st}: the keys read here, a call fewer each)
+            def read_named(buf, pos):
+                pos += -pos % 4
+                n = length(buf, pos)[0]
+                pos += 4
+                pos += -pos % 8
+                end, out = pos + n, {}
+                while pos < end:
+                    pos += -pos % 8
+                    size = length(buf, pos)[0]
+                    name = buf[pos + 4:pos + 4 + size].decode("utf-8")
+                    out[name], pos = value(buf, pos + 5 + size)
+                return out, pos
+            return read_named
 
         def read_dict(buf, pos):
             pos += -pos % 4
@@ -171,16 +195,61 @@ def _array_reader(element: str, endian: str):
     return read_array
 
 
+_TYPES = {t.value: t for t in MessageType}
+_FLAGS: dict[int, MessageFlag] = {}  # a header's flags byte -> jeepney's MessageFlag of it
+_STRING, _PATH, _SIGNATURE, _UINT = (ord(c) for c in "sogu")
+
+
+def _read_header_fields(buf, pos: int, endian: str) -> tuple[dict, int]:
+    """The header's fields (an ``a(yv)`` at ``pos``) by jeepney's names; each one's value
+    is of the one-letter type its code says (a string, a path, a signature or a uint32),
+    read here directly; a header with anything else is read by the generic reader."""
+    u32, at = _U32[endian], pos
+    n = u32(buf, pos)[0]
+    pos += 4 + -(pos + 4) % 8
+    end, fields = pos + n, {}
+    while pos < end:
+        pos += -pos % 8
+        code, length, kind = buf[pos], buf[pos + 1], buf[pos + 2]
+        pos += 4  # the code, the variant's signature (a length, a letter, a nul)
+        if length != 1:
+            break
+        if kind == _STRING or kind == _PATH:
+            pos += -pos % 4
+            size = u32(buf, pos)[0]
+            fields[_FIELDS[code]] = buf[pos + 4:pos + 4 + size].decode("utf-8")
+            pos += 5 + size
+        elif kind == _SIGNATURE:
+            size = buf[pos]
+            fields[_FIELDS[code]] = buf[pos + 1:pos + 1 + size].decode("ascii")
+            pos += 2 + size
+        elif kind == _UINT:
+            pos += -pos % 4
+            fields[_FIELDS[code]] = u32(buf, pos)[0]
+            pos += 4
+        else:
+            break
+    else:
+        return fields, pos
+    raw_fields, pos = reader("a(yv)", endian)(buf, at)
+    return {_FIELDS[code]: value for code, (_, value) in raw_fields}, pos
+
+
 def from_buffer(buf: bytes) -> Message:
     """One whole message, as jeepney's ``Message.from_buffer`` makes it (no descriptors)."""
     endian, endianness = _ENDIAN[buf[:1]]
     msg_type, flags, version = buf[1], buf[2], buf[3]
     body_length, serial = struct.unpack_from(endian + "II", buf, 4)
-    raw_fields, pos = reader("a(yv)", endian)(buf, 12)
-    fields = {_FIELDS[code]: value for code, (_, value) in raw_fields}
+    fields, pos = _read_header_fields(buf, 12, endian)
     if HeaderFields.unix_fds in fields:
         raise Unsupported("file descriptors")
-    header = Header(endianness, msg_type, flags, version, body_length, serial, fields)
+    flag = _FLAGS.get(flags)
+    if flag is None:
+        flag = _FLAGS[flags] = MessageFlag(flags)
+    header = object.__new__(Header)  # as Header() makes it, without its two enum calls
+    header.__dict__.update(endianness=endianness, message_type=_TYPES[msg_type], flags=flag,
+                           protocol_version=version, body_length=body_length, serial=serial,
+                           fields=fields)
     body = ()
     sig = fields.get(HeaderFields.signature)
     if sig:

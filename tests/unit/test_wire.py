@@ -100,6 +100,18 @@ def test_a_claims_answer_reads_the_same():
     assert ours[0].body[2]["DryRun"] == ("b", True)
 
 
+def test_a_header_field_of_another_type_is_read_as_jeepney_reads_it():
+    # The header is read directly where each field holds the type its code says; here the
+    # member is an array of strings (no peer sends that, but the reader must not misread it).
+    head = bytearray(b"l\x04\x00\x01" + (0).to_bytes(4, "little") + (9).to_bytes(4, "little"))
+    wire.writer("a(yv)")(head, [(1, ("o", "/org/x")), (3, ("as", ["Odd", "Member"])),
+                                (2, ("s", "org.x"))])
+    data = bytes(head + bytes(-len(head) % 8))
+    jeepneys, ours = both_read(data, len(data))
+    same(jeepneys[0], ours[0])
+    assert ours[0].header.fields[HeaderFields.member] == ["Odd", "Member"]
+
+
 def test_a_message_with_descriptors_is_left_to_jeepney():
     address = DBusAddress("/x", bus_name="org.resourced", interface="org.resourced.X")
     read, write = os.pipe()
