@@ -94,12 +94,17 @@ def one_line(text: str) -> str:
     return text if text.isprintable() else text.translate(_CONTROL)
 
 
-def stderr_text(message: str, priority: int, fields: dict, journal: bool) -> str:
-    """A line for stderr: ``<N>message`` for journald (which adds time and name; each line
-    of a message its own entry), else ``resourced: message key=value ...``."""
+def stderr_text(message: str, priority: int, fields: dict, journal: bool,
+                detail: str = "") -> str:
+    """A line for stderr: ``<N>message`` for journald (which adds time and name), else
+    ``resourced: message key=value ...``.  The message is kept to one line (its control
+    characters escaped); ``detail`` (a traceback) follows on lines of its own, each one
+    an entry of its own in the journal."""
     text = one_line(message)
     if fields and not journal:
         text += " " + " ".join(f"{k.lower()}={one_line(str(v))}" for k, v in fields.items())
+    if detail:
+        text += "\n" + detail
     if journal:
         return "\n".join(f"<{priority}>{line}" for line in text.splitlines())
     return f"resourced: {text}"
@@ -113,10 +118,9 @@ class StderrFormatter(logging.Formatter):
         self.journal = journal
 
     def format(self, record: logging.LogRecord) -> str:
-        message = record.getMessage()
-        if record.exc_info:
-            message += "\n" + self.formatException(record.exc_info)
-        return stderr_text(message, PRIORITIES.get(record.levelno, 6), {}, self.journal)
+        detail = self.formatException(record.exc_info) if record.exc_info else ""
+        return stderr_text(record.getMessage(), PRIORITIES.get(record.levelno, 6), {},
+                           self.journal, detail)
 
 
 class StderrHandler(logging.StreamHandler):
@@ -136,13 +140,13 @@ class StderrHandler(logging.StreamHandler):
 
     def write(self, text: str) -> None:
         """``text`` as a line of its own, now or at the end of ``held()``."""
-        with self.lock:
+        with self.lock:  # (worker threads log too)
             if self._lines is not None:
                 self._lines.append(text + self.terminator)
                 return
-        with contextlib.suppress(OSError, ValueError):  # stderr gone: nothing to tell
-            self.stream.write(text + self.terminator)
-            self.stream.flush()
+            with contextlib.suppress(OSError, ValueError):  # stderr gone: nothing to tell
+                self.stream.write(text + self.terminator)
+                self.stream.flush()
 
     @contextlib.contextmanager
     def held(self):
@@ -155,10 +159,10 @@ class StderrHandler(logging.StreamHandler):
         finally:
             with self.lock:  # (a thread may be logging)
                 lines, self._lines = self._lines, None
-            if lines:
-                with contextlib.suppress(OSError, ValueError):
-                    self.stream.write("".join(lines))
-                    self.stream.flush()
+                if lines:
+                    with contextlib.suppress(OSError, ValueError):
+                        self.stream.write("".join(lines))
+                        self.stream.flush()
 
 
 _stderr: StderrHandler | None = None  # set up by setup_logging
