@@ -132,7 +132,7 @@ class _Joined:
 
     unix_fds = ()
 
-    def __init__(self, data: bytearray):
+    def __init__(self, data: bytes):
         self.data = data
 
     def _marshall(self, _negotiate_unix_fd) -> bytearray:
@@ -157,15 +157,30 @@ class DaemonBus(MessageBus):
         self.object_manager = object_manager
         self._below = object_manager.rstrip("/") + "/"  # the paths it manages start so
         self._announce = True  # False for the duration of a quiet export or unexport
-        self._held: list | None = None  # (message, future) sent during a batch
+        self._held: list | None = None  # (bytes, future) sent during a batch
 
     def send(self, msg: Message):
-        if self._held is None:
+        """dbus-fast's send; inside a batch the message is written at its end, but made
+        into bytes now, so that a value it cannot carry fails here as it would have (a
+        reply then becomes an error reply, a call fails in its caller): only a signal is
+        dropped, logged, where the others go on."""
+        if self._held is None or msg.unix_fds:  # (the daemon sends no descriptors)
+            if self._held:  # written now: what was held goes first
+                held, self._held = self._held, []
+                self._send_together(held)
             return super().send(msg)
         if not msg.serial:
             msg.serial = self.next_serial()
         future = self._loop.create_future()
-        self._held.append((msg, future))
+        try:
+            data = msg._marshall(self._negotiate_unix_fd)
+        except Exception:
+            if msg.message_type is not MessageType.SIGNAL:
+                raise
+            log.exception("%s.%s not sent", msg.interface, msg.member)
+            future.cancel()
+            return future
+        self._held.append((data, future))
         return future
 
     @contextlib.contextmanager
@@ -187,23 +202,14 @@ class DaemonBus(MessageBus):
             self._send_together(held)
 
     def _send_together(self, held: list) -> None:
-        if len(held) == 1 or any(msg.unix_fds for msg, _ in held):  # (the daemon sends no fds)
-            for msg, future in held:
-                self._writer.schedule_write(msg, future)
-            return
-        data, futures = bytearray(), []
-        for msg, future in held:
-            try:
-                data += msg._marshall(self._negotiate_unix_fd)
-            except Exception:  # a bad value loses its message, not the others
-                log.exception("%s.%s not sent", msg.interface, msg.member)
-                future.cancel()
-                continue
-            futures.append(future)
-        if futures:
+        """Write ``held`` (bytes, future), in order, with one write."""
+        if len(held) == 1:
+            data, future = held[0]
+            self._writer.schedule_write(_Joined(data), future)
+        elif held:
             joined = self._loop.create_future()
-            joined.add_done_callback(partial(_settle, futures))
-            self._writer.schedule_write(_Joined(data), joined)
+            joined.add_done_callback(partial(_settle, [future for _, future in held]))
+            self._writer.schedule_write(_Joined(b"".join(data for data, _ in held)), joined)
 
     def _make_method_handler(self, interface: ServiceInterface, method):
         """dbus-fast's handler, but an ``async`` method starts at once (module docstring),
