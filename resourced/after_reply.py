@@ -29,10 +29,10 @@ class AfterReply:
         self._holds.append(context)
 
     def __call__(self, fn, *args) -> None:
-        self._calls.append((fn, args))
-        if len(self._calls) == 1:
+        if not self._calls:  # (no running loop raises here, before anything is queued)
             loop = asyncio.get_running_loop()
             loop.call_soon(loop.call_soon, self._run)
+        self._calls.append((fn, args))
 
     def _run(self) -> None:
         calls, self._calls = self._calls, []

@@ -955,11 +955,10 @@ class Engine(CalendarOperations):
                 if undo is not None:
                     undo()
                     raise Internal("the daemon cannot record claims; see its log") from exc
+        # The audit lines are written after the reply: the log is not on the caller's clock.
+        self.after_reply(self._audit_all, events)
         for listener in self._listeners:
             listener(events)
-        # The audit lines are written after the reply (the log is not on the caller's
-        # clock), and after the signals the listeners leave for then.
-        self.after_reply(self._audit_all, events)
         if any(isinstance(e, ClaimReleased) for e in events):
             self._serve_queue()  # what was freed may serve a waiter for GPUs
 
