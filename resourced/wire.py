@@ -151,22 +151,7 @@ def _array_reader(element: str, endian: str):
             return bytes(buf[pos:pos + n]), pos + n
         return read_bytes
     if element[0] == "{":
-        key_type, value_type = _types(element[1:-1])
-        key, value = reader(key_type, endian), reader(value_type, endian)
-        if key_type == "s":  # (a{sv} and a{st}: the keys read here, a call fewer each)
-            def read_named(buf, pos):
-                pos += -pos % 4
-                n = length(buf, pos)[0]
-                pos += 4
-                pos += -pos % 8
-                end, out = pos + n, {}
-                while pos < end:
-                    pos += -pos % 8
-                    size = length(buf, pos)[0]
-                    name = buf[pos + 4:pos + 4 + size].decode("utf-8")
-                    out[name], pos = value(buf, pos + 5 + size)
-                return out, pos
-            return read_named
+        key, value = (reader(t, endian) for t in _types(element[1:-1]))
 
         def read_dict(buf, pos):
             pos += -pos % 4
