@@ -332,7 +332,7 @@ class Engine(CalendarOperations):
     def _needs_evidence(self, demand: Demand) -> bool:
         """Whether a claim's decision needs to know what runs on the GPUs: it wants GPUs,
         or its grant or release may serve a waiter that does."""
-        return bool(demand.gpus or demand.vram or self.ledger.waiting_for_gpus())
+        return demand.wants_gpu or self.ledger.waiting_for_gpus()
 
     def _until_warning(self, claim: Claim) -> list[str]:
         if not claim.until_booking:

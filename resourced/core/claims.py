@@ -51,6 +51,11 @@ class Demand:
             raise InvalidRequest("ask for whole GPUs or for VRAM on a shared GPU, not both")
 
     @property
+    def wants_gpu(self) -> bool:
+        """Whether it asks for a GPU: whole ones, or a share of one."""
+        return bool(self.gpus or self.vram)
+
+    @property
     def gpu_count(self) -> int:
         """The GPUs it counts against a limit: whole ones, or one for a VRAM share."""
         return self.gpus or (1 if self.vram else 0)

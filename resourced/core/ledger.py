@@ -288,8 +288,7 @@ class Ledger:
             # Nobody waits: the walk would visit this claim alone and grant it where it
             # fits, so that is done here, without queueing it for the walk (a third of
             # the cost of an uncontended claim).  What does not fit takes the walk.
-            placed = self._view(busy, gpus=bool(claim.demand.gpus or claim.demand.vram)
-                                ).place(claim.demand, claim.on)
+            placed = self._view(busy, gpus=claim.demand.wants_gpu).place(claim.demand, claim.on)
             if placed is not None:
                 claim.state = GRANTED
                 self._add(claim)
@@ -507,7 +506,7 @@ class Ledger:
             return self._ask_back({})
         events: list[Event] = []
         plan: dict[str, Claim] = {}  # claim asked back -> the waiter it makes room for
-        view = self._view(busy, gpus=self._gpu_waiting > 0)
+        view = self._view(busy, gpus=self.waiting_for_gpus())
         candidates = self._reclaim_candidates()
         for claim in self._waiters_to_visit(view, bool(candidates)):
             if view.exhausted_for(claim.demand) and (
@@ -619,7 +618,7 @@ class Ledger:
             for want in _wants(claim.demand):
                 bisect.insort(self._lanes.setdefault(want, []), claim, key=_rank)
             _count(self._waiting_of, claim, 1)
-            self._gpu_waiting += bool(claim.demand.gpus or claim.demand.vram)
+            self._gpu_waiting += claim.demand.wants_gpu
 
     def _remove(self, claim: Claim) -> None:
         del self.claims[claim.id]
@@ -633,7 +632,7 @@ class Ledger:
             i = bisect.bisect_left(queue, _rank(claim), key=_rank)
             assert queue[i] is claim, f"{claim.id} is not where the queue says"
             del queue[i]
-        self._gpu_waiting -= bool(claim.demand.gpus or claim.demand.vram)
+        self._gpu_waiting -= claim.demand.wants_gpu
         _count(self._waiting_of, claim, -1)
 
     # -- holding ---------------------------------------------------------------------
@@ -798,7 +797,7 @@ class Ledger:
         assert _counted(self.claims.values()) == self._claims_of, "claims per user and session"
         assert _counted(waiting) == self._waiting_of, "waiting claims per user and session"
         assert _counted(self.claims.values(), lambda c: c.demand.gpu_count) == self._gpus_of, "GPUs"
-        assert sum(bool(c.demand.gpus or c.demand.vram) for c in waiting) == self._gpu_waiting
+        assert sum(c.demand.wants_gpu for c in waiting) == self._gpu_waiting
         granted = [c for c in self.claims.values() if c.state == GRANTED]
         assert {c.id for c in granted if c.reclaimable or c.overdue} == self._reclaimable, \
             "reclaimable index"
@@ -814,7 +813,7 @@ class Ledger:
 
 def _wants(d: Demand) -> list[str]:
     """The lanes of the queue a waiter with this demand is in."""
-    return ([GPUS] if d.gpus or d.vram else []) + [name for name, _ in d.pools]
+    return ([GPUS] if d.wants_gpu else []) + [name for name, _ in d.pools]
 
 
 _NEVER = 2**63

@@ -311,7 +311,7 @@ class Timeline:
         """The indexes whose holds can be in ``demand``'s way: its pools', and the allowed
         GPUs' when it wants GPUs or VRAM."""
         indexes = [self._of_pool[name] for name, _ in demand.pools]
-        if demand.gpus or demand.vram:
+        if demand.wants_gpu:
             indexes += [self._on_gpu[u] for u in self.memory if allowed is None or u in allowed]
         return indexes
 

@@ -53,7 +53,7 @@ class View:
     def exhausted_for(self, d: Demand) -> bool:
         """Nothing ``d`` asks for is left: it cannot be placed, and reserving for it would
         change nothing (the walk skips such waiters in O(1))."""
-        if (d.gpus or d.vram) and (self.free or self.vram):
+        if d.wants_gpu and (self.free or self.vram):
             return False
         return all(self.pools.get(name, 0) == 0 for name, _ in d.pools)
 
