@@ -626,7 +626,7 @@ class Agent:
                 title, urgency = "Notice from the administrators", 1
             elif member == "BookingChanged":
                 _, what, record = body
-                plain = {k: v for k, (_, v) in record.items()}
+                plain = _values(record)
                 at = plain["StartUSec"] if what == "started" else plain["EndUSec"]
                 message = calendar_message(what, plain, format_when(moment(at, now.tzinfo), now),
                                            os.getuid())
@@ -689,7 +689,7 @@ class Agent:
                                                               (CLAIM_IFACE,)))
         if _error_name(reply):
             return False
-        claim = {k: v for k, (_, v) in reply.body[0].items()}
+        claim = _values(reply.body[0])
         return claim.get("UID") == os.getuid() and claim.get("Mode") != BOOKING
 
     # -- talking to the daemon ---------------------------------------------------------
@@ -737,7 +737,7 @@ class Agent:
             problem = _error_name(blackouts) or _error_name(bookings)
             if problem is None:
                 self.blackouts.update(
-                    [{k: v for k, (_, v) in x.items()} for x in blackouts.body[0]],
+                    [_values(x) for x in blackouts.body[0]],
                     json.loads(bookings.body[0]))
         except (TimeoutError, ValueError, KeyError, TypeError, AttributeError) as exc:
             problem = str(exc) or type(exc).__name__
@@ -880,6 +880,11 @@ def _notifications():
     from jeepney import DBusAddress
 
     return DBusAddress(NOTIFICATIONS_PATH, bus_name=NOTIFICATIONS, interface=NOTIFICATIONS)
+
+
+def _values(record: dict) -> dict:
+    """An ``a{sv}`` as jeepney reads it, with its values out of their variants."""
+    return {k: v for k, (_, v) in record.items()}
 
 
 def _error_name(reply) -> str | None:
