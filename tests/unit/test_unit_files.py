@@ -36,7 +36,7 @@ def _verify(unit: Path, *args: str, env=None) -> None:
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed")
     done = subprocess.run(["systemd-analyze", *args, "verify", str(unit)], env=env,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, check=False)
     # verify exits 0 on unknown keys or values it ignores; it names the unit when it does.
     about_us = [line for line in (done.stdout + done.stderr).splitlines() if unit.name in line]
     assert done.returncode == 0 and about_us == [], done.stdout + done.stderr
