@@ -26,7 +26,9 @@ Errors raise ``resourced.ResourcedError`` subclasses with ``.code`` and ``.messa
 """
 
 import contextlib
+import itertools
 import os
+import time
 from collections.abc import Callable
 
 from jeepney import DBusAddress, MatchRule, MessageFlag, MessageType, new_method_call
@@ -52,6 +54,7 @@ from .errors import (
     NotEnoughGPUs,
     QueueTimeout,
     error_from_bus,
+    left_the_queue,
 )
 from .shared_address import SharedTarget
 
@@ -196,7 +199,7 @@ class _Base:
     def _claim_message(self, mode, gpus, owner_pid=None, label="", task_name="",
                        member_pids=(), vram=None, ram=None, cpu=None, pools=None,
                        priority=0, wait=False, timeout=None, reclaimable=False, duration=None,
-                       session=None, dry_run=False):
+                       session=None, dry_run=False, held=False):
         gpus, options = demand_options(gpus, vram, ram, cpu, pools)
         options.update(session_option(session))
         if dry_run:
@@ -215,6 +218,8 @@ class _Base:
             options["Priority"] = ("i", _whole("priority", priority, *INT32))
         if wait:
             options["Wait"] = ("b", True)
+        if held:
+            options["ReplyWhenGranted"] = ("b", True)
         if timeout is not None:
             if not 0 <= timeout < 2**63 / 1e6:
                 raise InvalidRequest(f"timeout must be a number of seconds of at least 0, not {timeout!r}")
@@ -226,6 +231,9 @@ class _Base:
 
             options["DurationUSec"] = ("t", span("duration", duration))
         return self._call("Claim", "ua{sv}", (gpus, options))
+
+    def _claim_of_call(self, serial: int):
+        return self._call("GetClaimByCall", "u", (serial,))
 
     def _release_message(self, ref: str, force: bool, dry_run: bool = False):
         flags = (RELEASE_FORCE if force else 0) | (RELEASE_DRY_RUN if dry_run else 0)
@@ -322,10 +330,7 @@ class _Base:
         ref = msg.header.fields[HeaderFields.path].rsplit("/", 1)[1]
         if msg.header.fields[HeaderFields.member] == "Granted":
             return _Base._allocation(ref, msg.body[0], use_index)
-        reason = msg.body[0]
-        if reason == "timeout":
-            raise QueueTimeout(f"claim {ref} was not granted in time; it left the queue")
-        raise NoSuchClaim(f"claim {ref} left the queue: {reason}")
+        raise left_the_queue(ref, msg.body[0])
 
     @staticmethod
     def _decode_verify(body: tuple) -> list[dict]:
@@ -364,6 +369,24 @@ class _Base:
         if self._looked_everywhere(bus):
             return f"{START_HINTS['system']}; for yourself alone, {START_HINTS['session']}"
         return START_HINTS[bus]
+
+
+_HELD_SERIALS = itertools.count(1 << 31)
+"""Serials of held claim calls: chosen here, out of the range jeepney counts up from 1,
+so that the client knows a call's serial before its answer (``GetClaimByCall``)."""
+RETRY_INTERVAL = 0.2
+"""Seconds between calls while the daemon restarts under a waiting claim."""
+
+
+class _ReplyTo:
+    """A filter rule (jeepney's filters ask only ``matches``) for the answer to call
+    ``serial``."""
+
+    def __init__(self, serial: int):
+        self.serial = serial
+
+    def matches(self, msg) -> bool:
+        return msg.header.fields.get(HeaderFields.reply_serial) == self.serial
 
 
 def _is_outcome_of(msg, path: str) -> bool:
@@ -451,17 +474,19 @@ class Client(_Base):
         ``session`` names the agent session (default ``$RESOURCED_SESSION``, else the
         daemon takes the owner's Unix session).  ``dry_run``: what the daemon would
         decide, limits included, with nothing made (``"dry_run": True``, ref "")."""
+        held = wait and not progress  # (progress needs the claim's reference at once)
         msg = self._claim_message(mode, gpus, owner_pid, label, task_name, member_pids, vram,
                                   ram, cpu, pools, priority, wait, timeout, reclaimable, duration,
-                                  session, dry_run)
+                                  session, dry_run, held)
         if not wait or dry_run:
             ref, _path, grant = self._send(msg)
             return self._allocation(ref, grant, use_index)
         conn = self._connection()
-        # Listened for before asking: the outcome may come right behind the answer.
+        # Listened for before asking: the outcome may come right behind the answer (or,
+        # from a daemon that did not keep a held call, instead of it).
         with conn.filter(MatchRule(type="signal") if progress else _OUTCOMES,
                          bufsize=64) as signals:
-            ref, path, grant = self._send(msg)
+            ref, path, grant = self._held_claim(msg, timeout) if held else self._send(msg)
             if grant["State"][1] != "queued":
                 return self._allocation(ref, grant, use_index)
             try:
@@ -477,6 +502,44 @@ class Client(_Base):
                 with contextlib.suppress(NoSuchClaim, DaemonUnreachable):
                     self.release(ref)  # leave no trace in the queue
                 raise
+
+    def _held_claim(self, msg, timeout: float | None) -> tuple:
+        """Claim's answer to ``msg`` (made with ``ReplyWhenGranted``): the grant once
+        granted, or a queued claim (from a daemon that answered at once, or whose successor
+        has the claim after a restart: its signal follows).  An interrupted or timed-out
+        wait leaves the queue, or releases a claim granted meanwhile."""
+        conn = self._connection()
+        serial = next(_HELD_SERIALS)
+        with conn.filter(_ReplyTo(serial)) as replies:
+            try:
+                conn.send(msg, serial=serial)
+                reply = conn.recv_until_filtered(replies, timeout=None if timeout is None
+                                                 else timeout + self.timeout)
+            except BaseException as exc:
+                with contextlib.suppress(NoSuchClaim, DaemonUnreachable):
+                    self.release(self._send(self._claim_of_call(serial))[0])
+                if isinstance(exc, TimeoutError):
+                    raise QueueTimeout("the claim was not granted in time") from None
+                if isinstance(exc, OSError):
+                    raise self._unreachable(self.bus, exc) from exc
+                raise
+        try:
+            return self._body(reply)
+        except DaemonUnreachable:  # it went away with the call; the claims log kept the claim
+            return self._retry_unreachable(self._claim_of_call(serial), timeout)
+
+    def _retry_unreachable(self, msg, timeout: float | None) -> tuple:
+        """``msg``'s answer once the daemon answers again (a restart), asking every
+        ``RETRY_INTERVAL`` for ``timeout`` seconds more than the call's own (None: until
+        it answers)."""
+        deadline = None if timeout is None else time.monotonic() + timeout + self.timeout
+        while True:
+            try:
+                return self._send(msg)
+            except DaemonUnreachable:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise
+            time.sleep(RETRY_INTERVAL)
 
     def _await_outcome(self, signals, ref: str, path: str, timeout, use_index: bool,
                        progress=None) -> dict:
@@ -864,16 +927,16 @@ class AsyncClient(_Base):
 
         msg = self._claim_message(mode, gpus, owner_pid, label, task_name, member_pids, vram,
                                   ram, cpu, pools, priority, wait, timeout, reclaimable, duration,
-                                  session, dry_run)
+                                  session, dry_run, held=wait)
         if not wait or dry_run:
             ref, _path, grant = await self._send(msg)
             return self._allocation(ref, grant, use_index)
         router = await self._connection()
-        # Listened for before asking (the outcome may come right behind the answer), then,
-        # without an await between, for this claim's path alone: other claims made on this
-        # connection meanwhile have outcomes of their own.
+        # Listened for before asking (the outcome may come right behind the answer, or
+        # instead of it), then, without an await between, for this claim's path alone:
+        # other claims made on this connection meanwhile have outcomes of their own.
         with router.filter(_OUTCOMES, bufsize=1024) as early:
-            ref, path, grant = await self._send(msg)
+            ref, path, grant = await self._held_claim(msg, timeout)
             if grant["State"][1] != "queued":
                 return self._allocation(ref, grant, use_index)
             mine = router.filter(MatchRule(type="signal", interface=CLAIM_IFACE, path=path),
@@ -892,6 +955,43 @@ class AsyncClient(_Base):
             with contextlib.suppress(Exception):
                 await self._send(self._release_message(ref, False))
             raise
+
+    async def _held_claim(self, msg, timeout: float | None) -> tuple:
+        """As ``Client._held_claim``."""
+        import asyncio
+
+        router = await self._connection()
+        serial = next(_HELD_SERIALS)
+        with router.filter(_ReplyTo(serial)) as replies:
+            try:
+                await router.send(msg, serial=serial)
+                async with asyncio.timeout(None if timeout is None else timeout + self.timeout):
+                    reply = await replies.get()
+            except BaseException as exc:
+                with contextlib.suppress(NoSuchClaim, DaemonUnreachable):
+                    await self.release((await self._send(self._claim_of_call(serial)))[0])
+                if isinstance(exc, TimeoutError):
+                    raise QueueTimeout("the claim was not granted in time") from None
+                if isinstance(exc, OSError):
+                    raise self._unreachable(self.bus, exc) from exc
+                raise
+        try:
+            return self._body(reply)
+        except DaemonUnreachable:  # it went away with the call; the claims log kept the claim
+            return await self._retry_unreachable(self._claim_of_call(serial), timeout)
+
+    async def _retry_unreachable(self, msg, timeout: float | None) -> tuple:
+        """As ``Client._retry_unreachable``."""
+        import asyncio
+
+        deadline = None if timeout is None else time.monotonic() + timeout + self.timeout
+        while True:
+            try:
+                return await self._send(msg)
+            except DaemonUnreachable:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(RETRY_INTERVAL)
 
     async def release(self, ref: str, force: bool = False, dry_run: bool = False) -> list[str]:
         return list((await self._send(self._release_message(ref, force, dry_run)))[0])

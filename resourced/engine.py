@@ -255,7 +255,7 @@ class Engine(CalendarOperations):
                     member_pids: tuple[int, ...] = (), priority: int = 0, wait: bool = False,
                     timeout: float | None = None, reclaimable: bool = False,
                     duration: float | None = None, session: str | None = None,
-                    dry_run: bool = False) -> tuple[Claim, list[str]]:
+                    dry_run: bool = False, call_serial: int = 0) -> tuple[Claim, list[str]]:
         """Grant ``demand`` all or nothing, or queue it (``wait``); returns the claim (granted
         or queued) and any warnings.
 
@@ -267,7 +267,9 @@ class Engine(CalendarOperations):
         belongs to ``session`` (default: the owner's Unix session).
 
         ``dry_run`` decides by the same admission, on a copy of the ledger: the claim
-        it answers (granted, or queued) was never made, and nothing else changed."""
+        it answers (granted, or queued) was never made, and nothing else changed.
+        ``call_serial``: the serial of the caller's bus call, kept with a waiting claim
+        for ``claim_of_call``."""
         self._check_limits(caller, wait, demand)
         if mode not in MODES:
             raise InvalidRequest(f"mode must be one of {', '.join(MODES)}, not {quoted(mode)}")
@@ -295,7 +297,7 @@ class Engine(CalendarOperations):
                                    members=frozenset(ref for ref, _ in pinned[1:]),
                                    priority=priority, reclaimable=reclaimable,
                                    queue_deadline_usec=deadline, session=session,
-                                   reply_to=caller.bus_name,
+                                   reply_to=caller.bus_name, reply_serial=call_serial,
                                    end_usec=0 if duration is None else now + int(duration * 1e6))
             busy, warnings = frozenset(), []
             if self._needs_evidence(demand):  # again: a waiter for GPUs may have come since
@@ -598,6 +600,14 @@ class Engine(CalendarOperations):
     def _audit_refusal(self, caller: Caller, demand: Demand, exc: ResourcedError) -> None:
         audit(f"refused {self.ledger.describe(demand)} to uid {caller.uid}: {exc.message}",
               priority=4, uid=caller.uid, event="refused", refusal=exc.code)
+
+    def claim_of_call(self, bus_name: str, serial: int) -> Claim:
+        """The live claim that connection ``bus_name``'s call ``serial`` made waiting: for
+        a caller that lost the reply (interrupted, or the daemon restarted meanwhile)."""
+        for claim in self.ledger.claims.values():
+            if claim.reply_serial == serial and claim.reply_to == bus_name and serial:
+                return claim
+        raise NoSuchClaim(f"no live claim was made waiting by call {serial} of {bus_name}")
 
     def holder_of(self, gpu_name: str) -> Claim:
         """The claim holding a GPU named by alias, index or UUID."""

@@ -174,6 +174,13 @@ UNREACHABLE_NAMES = frozenset(
 )
 
 
+def left_the_queue(ref: str, reason: str) -> ResourcedError:
+    """What a waiting claim that left the queue ungranted (for ``reason``) raises."""
+    if reason == "timeout":
+        return QueueTimeout(f"claim {ref} was not granted in time; it left the queue")
+    return NoSuchClaim(f"claim {ref} left the queue: {reason}")
+
+
 def error_from_bus(name: str, message: str) -> ResourcedError:
     """The exception a client raises for a D-Bus error reply."""
     for cls in ALL_ERRORS:

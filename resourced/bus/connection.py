@@ -1,4 +1,4 @@
-"""The daemon's bus connection: dbus-fast's, with five changes.
+"""The daemon's bus connection: dbus-fast's, with six changes.
 
 - ObjectManager signals from the manager's path.  ``/org/resourced`` is an
   ``org.freedesktop.DBus.ObjectManager``: ``GetManagedObjects`` lists every object below
@@ -40,6 +40,9 @@
   first waits, in the callback that read the call, as an eager task does (Python 3.12's
   ``eager_start``, or the same by hand on 3.11), and a method done by then is answered
   at once.
+- A method may keep its call and answer later (``REPLY_LATER``), where the eager handler
+  is in use (``eager_methods``): the manager answers a claim made with
+  ``ReplyWhenGranted`` when it is granted, as it sends anything else.
 """
 
 import asyncio
@@ -64,6 +67,9 @@ except ImportError:
     NO_REPLY_EXPECTED_VALUE = _block_unexpected_reply = None
 
 log = logging.getLogger("resourced")
+
+REPLY_LATER = object()
+"""What an ``async`` method returns that keeps its call, to answer it itself later."""
 
 OBJECT_MANAGER = "org.freedesktop.DBus.ObjectManager"
 STANDARD_INTERFACES = ("org.freedesktop.DBus.Peer", "org.freedesktop.DBus.Introspectable",
@@ -220,6 +226,8 @@ class DaemonBus(MessageBus):
         to_body = ServiceInterface._fn_result_to_body
 
         def reply(msg: Message, send_reply, result) -> None:
+            if result is REPLY_LATER:
+                return
             body, fds = to_body(result, method.out_signature_tree,
                                 replace_fds=self._negotiate_unix_fd)
             send_reply(Message.new_method_return(msg, method.out_signature, body, fds))

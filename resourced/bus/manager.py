@@ -48,7 +48,7 @@ from ..core.ledger import (
 )
 from ..core.verify import GpuReport
 from ..engine import Engine
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, left_the_queue
 from ..health_monitor import HealthMonitor
 from .bookings import (
     CHANGE_OPTIONS,
@@ -65,7 +65,7 @@ from .bookings import (
 )
 from .caller import Credentials, current_call
 from .claim import ClaimInterface
-from .connection import changed_values, property_values
+from .connection import REPLY_LATER, changed_values, eager_methods, property_values
 from .describe import StateView
 from .errors import bus_errors
 from .gpu import GpuInterface
@@ -96,7 +96,7 @@ CLAIM_OPTIONS = {
     "Mode": "s", "OwnerPID": "u", "MemberPIDs": "au", "Label": "s", "TaskName": "s",
     "VRAMBytes": "t", "Pools": "a{st}", "Priority": "i", "Wait": "b",
     "QueueTimeoutUSec": "t", "Reclaimable": "b", "DurationUSec": "t", "Session": "s",
-    "DryRun": "b",
+    "DryRun": "b", "ReplyWhenGranted": "b",
 }
 RELEASE_FLAGS = RELEASE_FORCE | RELEASE_DRY_RUN
 JOB_OPTIONS = {"UID": "u", "Name": "s"}
@@ -114,6 +114,7 @@ class ManagerInterface(Interface):
         "Claim": ("claim_id", "claim", "grant"),
         "GetClaim": ("claim",),
         "GetGrant": ("grant",),
+        "GetClaimByCall": ("claim_id", "claim", "grant"),
         "ListGPUs": ("gpus",),
         "ListClaims": ("claims",),
         "ListPools": ("pools",),
@@ -159,6 +160,8 @@ class ManagerInterface(Interface):
         self._gpus: dict[str, GpuInterface] = {}
         self._claims: dict[str, ClaimInterface] = {}  # the claim objects exported so far
         self._waiting: set[str] = set()  # queued claims (their outcome is signalled so)
+        self._held_calls: dict[str, Message] = {}  # queued claim -> the call it answers
+        self._replies_later = eager_methods(bus)  # (ReplyWhenGranted; else Wait's reply)
         self._totals = Throttle(self._announce_totals)
         self._users: dict[int, UserInterface] = {}  # per-user signal objects, made when needed
         self._texts = BookingTexts()
@@ -206,8 +209,9 @@ class ManagerInterface(Interface):
     @bus_errors
     async def Claim(self, gpus: "u", options: "a{sv}") -> "soa{sv}":
         opts = parse_options(options, CLAIM_OPTIONS)
+        call = current_call.get()
         caller = await self.credentials.caller()
-        await self.authority.check(current_call.get(), caller.uid, CLAIM, {
+        await self.authority.check(call, caller.uid, CLAIM, {
             "gpus": str(gpus), "mode": opts.get("Mode", "run"), "label": opts.get("Label", "")})
         timeout = opts.get("QueueTimeoutUSec")
         claim, warnings = await self.engine.claim(
@@ -219,15 +223,19 @@ class ManagerInterface(Interface):
             label=opts.get("Label", ""),
             task_name=opts.get("TaskName", ""),
             priority=opts.get("Priority", 0),
-            wait=opts.get("Wait", False),
+            wait=opts.get("Wait", False) or opts.get("ReplyWhenGranted", False),
             timeout=None if timeout is None else timeout / 1e6,
             reclaimable=opts.get("Reclaimable", False),
             duration=opts["DurationUSec"] / 1e6 if "DurationUSec" in opts else None,
             session=opts.get("Session"),
             dry_run=opts.get("DryRun", False),
+            call_serial=call.serial,
         )
         if opts.get("DryRun"):  # no claim was made: no reference, no object
             return ["", "/", self.view.grant(claim, warnings, dry_run=True)]
+        if opts.get("ReplyWhenGranted") and self._replies_later and claim.id in self._waiting:
+            self._held_calls[claim.id] = call  # answered by _publish
+            return REPLY_LATER
         return [claim.id, claim_path(claim.id), self.view.grant(claim, warnings)]
 
     @dbus_method()
@@ -305,6 +313,12 @@ class ManagerInterface(Interface):
     @bus_errors
     def GetGrant(self, claim_id: "s") -> "a{sv}":
         return self.view.grant(self.engine.ledger.get(claim_id))
+
+    @dbus_method()
+    @bus_errors
+    def GetClaimByCall(self, serial: "u") -> "soa{sv}":
+        claim = self.engine.claim_of_call(current_call.get().sender, serial)
+        return [claim.id, claim_path(claim.id), self.view.grant(claim)]
 
     @dbus_method()
     @bus_errors
@@ -684,8 +698,7 @@ class ManagerInterface(Interface):
                 out.append((self.ClaimNew, claim.id, claim_path(claim.id)))
             elif isinstance(event, ClaimGranted):  # a waiter served: from its path, object or not
                 self._waiting.discard(claim.id)
-                self.bus.emit(claim_path(claim.id), CLAIM_IFACE, "Granted", "a{sv}",
-                              [self.view.grant(claim)], claim.reply_to)  # (now: see above)
+                self._tell_waiter(claim, self.view.grant(claim))  # (now: see above)
                 out.append((self.bus.emit, claim_path(claim.id), PROPERTIES_IFACE,
                             "PropertiesChanged", "sa{sv}as", [CLAIM_IFACE, changed_values(
                                 ClaimInterface, {"State": claim.state,
@@ -694,8 +707,7 @@ class ManagerInterface(Interface):
                 iface = self._claims.pop(claim.id, None)
                 if claim.id in self._waiting:  # it left the queue ungranted
                     self._waiting.discard(claim.id)
-                    self.bus.emit(claim_path(claim.id), CLAIM_IFACE, "Cancelled", "s",
-                                  [event.reason], claim.reply_to)
+                    self._tell_waiter(claim, event.reason)
                 if iface is not None:
                     out.append((self.bus.unexport, claim_path(claim.id), iface, False))
                 out.append((self.bus.interfaces_removed, claim_path(claim.id), (CLAIM_IFACE,)))
@@ -746,6 +758,22 @@ class ManagerInterface(Interface):
         if totals:
             out.append((self._announce_totals, totals))
         self.engine.after_reply(self._run_all, out)
+
+    def _tell_waiter(self, claim, outcome: dict | str) -> None:
+        """A waiting claim's outcome, ``outcome`` (its grant, or why it left the queue):
+        the reply to the call that made it with ReplyWhenGranted, or else its Granted or
+        Cancelled signal, to the connection that made it."""
+        path = claim_path(claim.id)
+        call = self._held_calls.pop(claim.id, None)
+        if call is None:
+            granted = isinstance(outcome, dict)
+            self.bus.emit(path, CLAIM_IFACE, "Granted" if granted else "Cancelled",
+                          "a{sv}" if granted else "s", [outcome], claim.reply_to)
+        elif isinstance(outcome, dict):
+            self.bus.send(Message.new_method_return(call, "soa{sv}", [claim.id, path, outcome]))
+        else:
+            error = left_the_queue(claim.id, outcome)
+            self.bus.send(Message.new_error(call, error.bus_name(), error.message))
 
     def _announce_totals(self, keys: list[str]) -> None:
         """PropertiesChanged of the totals ``keys`` name (the Manager's path, pool names),

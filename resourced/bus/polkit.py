@@ -51,6 +51,7 @@ METHOD_ACTIONS = {
     (MANAGER_IFACE, "Describe"): READ,
     (MANAGER_IFACE, "GetClaim"): READ,
     (MANAGER_IFACE, "GetGrant"): READ,
+    (MANAGER_IFACE, "GetClaimByCall"): READ,
     (MANAGER_IFACE, "ListClaims"): READ,
     (MANAGER_IFACE, "ListGPUs"): READ,
     (MANAGER_IFACE, "ListPools"): READ,

@@ -90,6 +90,7 @@ class ClaimRequest:
     end_usec: int = 0  # when granted, end then; 0 = no end
     session: str = ""  # the agent session it belongs to (see check_session)
     reply_to: str = ""  # who is told a queued claim's outcome (a bus name; "" = everyone)
+    reply_serial: int = 0  # the serial of reply_to's call that made it (0: unknown)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -170,6 +171,7 @@ class Claim:
     session: str = ""             # the agent session it belongs to
     job: str = ""                 # the Slurm job id of a claim in mode slurm
     reply_to: str = ""            # who is told a queued claim's outcome ("" = everyone)
+    reply_serial: int = 0         # the serial of reply_to's call that made it (0: unknown)
 
     @property
     def shared(self) -> bool:

@@ -283,6 +283,7 @@ class Ledger:
             queue_deadline_usec=request.queue_deadline_usec if wait else 0,
             end_usec=request.end_usec, session=request.session,
             reply_to=request.reply_to if wait else "",
+            reply_serial=request.reply_serial if wait else 0,
         )
         if not wait and not self._queue and busy is not None:
             # Nobody waits: the walk would visit this claim alone and grant it where it

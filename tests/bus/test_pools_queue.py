@@ -761,3 +761,149 @@ def test_async_leases(pools_daemon):
 
     asyncio.run(asyncio.wait_for(main(), 20))
     assert status()["claims"] == [] and pool()["free"] == 2
+
+
+# -- a reply that waits for the grant (ReplyWhenGranted) -----------------------------------
+MANAGER = DBusAddress("/org/resourced", bus_name=NAME, interface="org.resourced.Manager")
+
+# Waits for one slot with Client.acquire, catches the KeyboardInterrupt, says so, and lives on.
+INTERRUPTED_BUT_ALIVE = r"""
+import time
+from resourced.client import Client
+c = Client()
+try:
+    c.acquire(pools={"slots": 1}, timeout=20)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+time.sleep(60)
+"""
+
+
+class HeldCall:
+    """A Claim for one slot with ReplyWhenGranted, sent on a connection of its own; its
+    serial and every message the connection received, by a thread."""
+
+    def __init__(self, **options):
+        self.conn = open_dbus_connection("SESSION")
+        opts = {"Mode": ("s", "dev"), "OwnerPID": ("u", os.getpid()),
+                "Pools": ("a{st}", {"slots": 1}), "ReplyWhenGranted": ("b", True), **options}
+        self.serial = 1 << 20
+        self.conn.send(new_method_call(MANAGER, "Claim", "ua{sv}", (0, opts)), serial=self.serial)
+        self.received: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.received.append(self.conn.receive(timeout=0.05))
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    def reply(self):
+        replies = [m for m in self.received
+                   if m.header.fields.get(HeaderFields.reply_serial) == self.serial]
+        return replies[0] if replies else None
+
+    def members(self) -> list[str]:
+        return [m.header.fields.get(HeaderFields.member) for m in self.received]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.conn.close()
+
+
+def call_manager(method: str, signature: str, body: tuple, conn=None):
+    """A Manager call's reply message (errors included), on ``conn`` or a new connection."""
+    own = conn is None
+    conn = conn or open_dbus_connection("SESSION")
+    try:
+        return conn.send_and_get_reply(new_method_call(MANAGER, method, signature, body),
+                                       timeout=10)
+    finally:
+        if own:
+            conn.close()
+
+
+def test_a_held_claim_is_answered_at_its_grant_and_signalled_to_nobody(pools_daemon):
+    with Client() as c:
+        held = hold_slots(c, 2)
+        call = HeldCall()
+        try:
+            [waiting] = eventually(queue)
+            time.sleep(0.3)
+            assert call.reply() is None  # it waits, and so does its reply
+            c.release(held)
+            reply = eventually(call.reply, what="the Claim's reply")
+            claim_id, path, grant = reply.body
+            assert (claim_id, grant["State"][1], grant["Pools"][1]) == (
+                waiting["id"], "granted", {"slots": 1})
+            assert path == f"/org/resourced/claim/{claim_id}"
+            time.sleep(0.2)
+            assert "Granted" not in call.members()
+        finally:
+            call.close()
+        c.release(claim_id)
+
+
+@pytest.mark.parametrize("how", ["timed out", "released by its owner"])
+def test_a_held_claim_that_leaves_the_queue_is_answered_with_an_error(pools_daemon, how):
+    with Client() as c:
+        held = hold_slots(c, 2)
+        call = HeldCall(QueueTimeoutUSec=("t", 300_000)) if how == "timed out" else HeldCall()
+        try:
+            [waiting] = eventually(queue)
+            if how != "timed out":
+                c.release(waiting["id"])
+            reply = eventually(call.reply, what="the Claim's reply")
+            error = reply.header.fields[HeaderFields.error_name]
+            if how == "timed out":
+                assert error == "org.resourced.Error.QueueTimeout"
+                assert reply.body[0] == f"claim {waiting['id']} was not granted in time; it left the queue"
+            else:
+                assert error == "org.resourced.Error.NoSuchClaim"
+                assert reply.body[0] == f"claim {waiting['id']} left the queue: cancelled"
+            assert "Cancelled" not in call.members()
+        finally:
+            call.close()
+        assert queue() == []
+        c.release(held)
+
+
+def test_get_claim_by_call_finds_a_waiting_claim_for_the_caller_alone(pools_daemon):
+    with Client() as c:
+        held = hold_slots(c, 2)
+        call = HeldCall()
+        try:
+            [waiting] = eventually(queue)
+            call._stop.set()
+            call._thread.join(5)  # the calls below read the connection themselves
+            mine = call_manager("GetClaimByCall", "u", (call.serial,), call.conn)
+            assert mine.body[0] == waiting["id"] and mine.body[2]["State"][1] == "queued"
+            other = call_manager("GetClaimByCall", "u", (call.serial,))
+            assert other.header.fields[HeaderFields.error_name] == "org.resourced.Error.NoSuchClaim"
+            unknown = call_manager("GetClaimByCall", "u", (call.serial + 1,), call.conn)
+            assert unknown.header.fields[HeaderFields.error_name] == "org.resourced.Error.NoSuchClaim"
+        finally:
+            call.close()
+        c.release(held)
+
+
+def test_an_interrupted_wait_leaves_the_queue_though_the_process_lives_on(pools_daemon):
+    with Client() as c:
+        held = hold_slots(c, 2)
+    waiter = spawn(sys.executable, "-c", INTERRUPTED_BUT_ALIVE)
+    try:
+        eventually(lambda: len(queue()) == 1, timeout=10)
+        waiter.send_signal(signal.SIGINT)
+        assert read_line(waiter) == "interrupted"
+        eventually(lambda: queue() == [], timeout=3)
+        assert waiter.poll() is None  # gone from the queue by the client's doing, not by exiting
+    finally:
+        kill_all(waiter)
+    with Client() as c:
+        c.release(held)
