@@ -232,6 +232,14 @@ class _Base:
             options["DurationUSec"] = ("t", span("duration", duration))
         return self._call("Claim", "ua{sv}", (gpus, options))
 
+    def _wait_failure(self, exc: BaseException) -> BaseException:
+        """What a held claim's wait that ended in ``exc`` raises (the claim taken out)."""
+        if isinstance(exc, TimeoutError):
+            return QueueTimeout("the claim was not granted in time; it left the queue")
+        if isinstance(exc, OSError):
+            return self._unreachable(self.bus, exc)
+        return exc
+
     def _claim_of_call(self, serial: int):
         return self._call("GetClaimByCall", "u", (serial,))
 
@@ -518,11 +526,7 @@ class Client(_Base):
             except BaseException as exc:
                 with contextlib.suppress(NoSuchClaim, DaemonUnreachable):
                     self.release(self._send(self._claim_of_call(serial))[0])
-                if isinstance(exc, TimeoutError):
-                    raise QueueTimeout("the claim was not granted in time") from None
-                if isinstance(exc, OSError):
-                    raise self._unreachable(self.bus, exc) from exc
-                raise
+                raise self._wait_failure(exc) from exc
         try:
             return self._body(reply)
         except DaemonUnreachable:  # it went away with the call; the claims log kept the claim
@@ -970,11 +974,7 @@ class AsyncClient(_Base):
             except BaseException as exc:
                 with contextlib.suppress(NoSuchClaim, DaemonUnreachable):
                     await self.release((await self._send(self._claim_of_call(serial)))[0])
-                if isinstance(exc, TimeoutError):
-                    raise QueueTimeout("the claim was not granted in time") from None
-                if isinstance(exc, OSError):
-                    raise self._unreachable(self.bus, exc) from exc
-                raise
+                raise self._wait_failure(exc) from exc
         try:
             return self._body(reply)
         except DaemonUnreachable:  # it went away with the call; the claims log kept the claim
