@@ -4,8 +4,8 @@ machine.
 reslock coordinates through one JSON state file under a file lock: a waiter polls it
 every 250 ms (``poll_interval``), and a dead holder's lease is dropped only when some
 process next opens the file (``kill(pid, 0)``, which a zombie passes).  resourced is a
-daemon on D-Bus: a release serves the queue at once and a waiter hears of its grant by a
-signal; holders are watched through pidfds.
+daemon on D-Bus: a release serves the queue at once, and a waiter's Claim call is answered
+at its grant (``ReplyWhenGranted``); holders are watched through pidfds.
 
 Both get the same setup: a pool of 2 units (resourced: a ``[[pool]] slots`` of capacity
 2 from a config file the daemon finds through ``$XDG_CONFIG_HOME``; reslock: the resource
@@ -21,7 +21,10 @@ script, driven through a small adapter over each library's documented API
 (b) throughput and fairness: 8 processes loop acquire(1 unit) + release (no hold) for a
     fixed wall time; grants per second in all, and grants per process (min, max); for
     resourced also the CPU its daemon and its bus used per grant (on 2 CPUs, the eight
-    clients, the bus and the daemon share what a grant may cost in all).
+    clients, the bus and the daemon share what a grant may cost in all).  The libraries
+    take turns, in --blocks blocks each (resourced, reslock 0.2.0, ..., then the other
+    way round), so that a machine whose speed drifts from minute to minute favours none:
+    the figures are over all of a library's blocks, and each block's rate is shown too.
 (c) try_acquire + release latency, one process, nothing contending.
 (d) a SIGKILLed holder (reaped by its parent at once): from the kill to the grant of a
     process already waiting for the whole pool; then whether the pool shows as free
@@ -434,20 +437,42 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
+def alternating_contention(sides: list[Side], args) -> dict[str, dict]:
+    """(b) for every side, in ``args.blocks`` blocks each, the sides taking turns."""
+    block = args.seconds / args.blocks
+    totals = {s.name: {"counts": [0] * 8, "errors": 0, "cpu": {}, "rates": []} for s in sides}
+    for i in range(args.blocks):
+        for side in sides if i % 2 == 0 else sides[::-1]:
+            print(f"(b) {side.name}, block {i + 1} of {args.blocks} ...", file=sys.stderr)
+            per_process, server_cpu = contention(side, block)
+            t = totals[side.name]
+            t["counts"] = [a + grants for a, (grants, _) in zip(t["counts"], per_process)]
+            t["errors"] += sum(errors for _, errors in per_process)
+            t["rates"].append(sum(grants for grants, _ in per_process) / block)
+            for name, used in server_cpu.items():
+                t["cpu"][name] = t["cpu"].get(name, 0.0) + used
+    results = {}
+    for name, t in totals.items():
+        counts = t["counts"]
+        results[name] = {
+            "server cpu": ", ".join(f"{server} {used / max(sum(counts), 1) * 1e6:.0f} us"
+                                    for server, used in t["cpu"].items()) or "(no server)",
+            "errors": str(t["errors"]),
+            "throughput": f"{sum(counts) / args.seconds:.0f} grants/s",
+            "blocks": " ".join(f"{rate:.0f}" for rate in t["rates"]),
+            "per process": f"{min(counts)} / {max(counts)}",
+            "spread": f"{max(counts) / min(counts):.2f}x" if min(counts) else "inf (one got none)",
+            "counts": " ".join(str(c) for c in sorted(counts)),
+        }
+    return results
+
+
 def run(side: Side, args) -> dict:
+    """(a), (c) and (d) for one side."""
     print(f"measuring {side.name} ...", file=sys.stderr)
     r = {}
     wake = summary(wake_up(side, args.rounds))
     r["wake p50"], r["wake p99"] = ms(wake["p50"]), ms(wake["p99"])
-    per_process, server_cpu = contention(side, args.seconds)
-    counts = [grants for grants, _ in per_process]
-    r["server cpu"] = ", ".join(f"{name} {used / max(sum(counts), 1) * 1e6:.0f} us"
-                                for name, used in server_cpu.items()) or "(no server)"
-    r["errors"] = str(sum(errors for _, errors in per_process))
-    r["throughput"] = f"{sum(counts) / args.seconds:.0f} grants/s"
-    r["per process"] = f"{min(counts)} / {max(counts)}"
-    r["spread"] = f"{max(counts) / min(counts):.2f}x" if min(counts) else "inf (one got none)"
-    r["counts"] = " ".join(str(c) for c in sorted(counts))
     samples, misses = try_latency(side, args.try_n)
     tries = summary(samples)
     r["try p50"], r["try p99"] = ms(tries["p50"]), ms(tries["p99"])
@@ -464,7 +489,8 @@ def run(side: Side, args) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=10.0, help="(b) wall time per library (10)")
+    p.add_argument("--seconds", type=float, default=12.0, help="(b) wall time per library (12)")
+    p.add_argument("--blocks", type=int, default=3, help="(b) blocks per library, taking turns (3)")
     p.add_argument("--rounds", type=int, default=30, help="(a) rounds per library (30)")
     p.add_argument("--try-n", type=int, default=1000, help="(c) calls per library (1000)")
     p.add_argument("--kill-rounds", type=int, default=10, help="(d) kills per library (10)")
@@ -480,15 +506,15 @@ def main() -> None:
     Path(config_home, "resourced", "config.toml").write_text(POOL_CONFIG)
     saved = os.environ.get("XDG_CONFIG_HOME")
     os.environ["XDG_CONFIG_HOME"] = config_home  # the daemon finds the pool config there
-    results = {}
     try:
         with daemon_on_private_bus(gpus=1) as bus:
-            side = Side("resourced", sys.executable, clean_env(bus.address),
-                        servers={"daemon": bus.daemon.pid, "bus": bus.bus.pid})
-            results[side.name] = run(side, args)
-        for version in versions:
-            other = reslock_side(version, os.path.join(folder, f"reslock-{version}"))
-            results[other.name] = run(other, args)
+            sides = [Side("resourced", sys.executable, clean_env(bus.address),
+                          servers={"daemon": bus.daemon.pid, "bus": bus.bus.pid})]
+            sides += [reslock_side(version, os.path.join(folder, f"reslock-{version}"))
+                      for version in versions]
+            results = alternating_contention(sides, args)
+            for side in sides:
+                results[side.name].update(run(side, args))
     finally:
         if saved is None:
             os.environ.pop("XDG_CONFIG_HOME", None)
@@ -502,6 +528,7 @@ ROWS = [
     ("(a) wake-up, release -> waiter's grant", "p50", "wake p50"),
     ("", "p99", "wake p99"),
     ("(b) 8 processes, pool of 2, acquire+release", "throughput", "throughput"),
+    ("", "each block, grants/s", "blocks"),
     ("", "grants/process min / max", "per process"),
     ("", "spread max/min", "spread"),
     ("", "grants per process", "counts"),
@@ -519,7 +546,8 @@ ROWS = [
 def report(results: dict[str, dict], args) -> None:
     names = list(results)
     print(f"\nresourced vs {', '.join(names[1:])}: pool of {CAPACITY}, same machine, same run; "
-          f"(a) {args.rounds} rounds, (b) {args.seconds:g} s each, (c) {args.try_n} calls, "
+          f"(a) {args.rounds} rounds, (b) {args.seconds:g} s each in {args.blocks} blocks, "
+          f"(c) {args.try_n} calls, "
           f"(d) {args.kill_rounds} kills")
     print(machine_line())
     table = [["measure", ""] + names]
