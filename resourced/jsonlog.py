@@ -103,14 +103,16 @@ class JsonLog:
             raise StoreBusy(f"another resourced is using {self.what} {self.dir}") from None
         return fd
 
-    def read(self, header: Callable[[dict], bool], apply: Callable[[dict], None]) -> None:
+    def read(self, header: Callable[[dict], bool], apply: Callable[[dict], None]) -> bool:
         """Hand the header to ``header`` (False: the records are void, stop) and each
-        record to ``apply``, in order; a damaged line or record sets the file aside."""
+        record to ``apply``, in order; a damaged line or record sets the file aside.
+        True when the file was there and read whole, every line trusted: then ``records``
+        counts them, and the owner may ``keep`` it as it is."""
         check_log_file(self.path)
         try:
             lines = self.path.read_bytes().split(b"\n")
         except FileNotFoundError:
-            return
+            return False
         except OSError as exc:
             raise StoreError(f"cannot read {self.path}: {exc.strerror}") from exc
         complete, torn = lines[:-1], lines[-1]
@@ -121,12 +123,14 @@ class JsonLog:
                 record = json.loads(line)
                 if number == 1:
                     if not header(record):
-                        return
+                        return False
                     continue
                 apply(record)
             except self.damage as exc:
                 self._set_aside(f"line {number}: {exc}")
-                return
+                return False
+        self.records = len(complete)
+        return not torn
 
     def _set_aside(self, why: str) -> None:
         aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
@@ -151,10 +155,15 @@ class JsonLog:
                 os.fsync(dir_fd)
             finally:
                 os.close(dir_fd)
+        self.records = len(lines)
+        self.keep()
+
+    def keep(self) -> None:
+        """Append to the file as it is now (after ``rewrite``, or a ``read`` that found
+        it whole and needs no compaction)."""
         if self._fd is not None:
             os.close(self._fd)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
-        self.records = len(lines)
 
     def append(self, lines: list[dict]) -> None:
         """Add ``lines`` in one write (synced to disk when the log is durable)."""

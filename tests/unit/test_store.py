@@ -129,7 +129,45 @@ def test_a_torn_last_line_is_ignored(tmp_path):
     s.close()
     with open(s.path, "ab") as f:
         f.write(b'{"op": "grant", "claim": {"id": "c9"')  # a crash mid-write
-    assert list(ClaimStore(tmp_path / "run", BOOT).load()) == ["c1"]
+    again = ClaimStore(tmp_path / "run", BOOT)
+    assert list(again.load()) == ["c1"]
+    assert b"c9" not in s.path.read_bytes()  # rewritten without it: appends follow whole lines
+    c2 = claim(2)
+    again.record([ClaimGranted(c2)], {"c1": claim(1), "c2": c2})
+    again.close()
+    assert list(ClaimStore(tmp_path / "run", BOOT).load()) == ["c1", "c2"]
+
+
+def test_a_log_of_live_claims_only_is_kept_as_it_is_at_load(tmp_path):
+    s = ClaimStore(tmp_path / "run", BOOT)
+    s.load()
+    live = {}
+    for i in range(3):
+        live[f"c{i}"] = claim(i)
+        s.record([ClaimGranted(live[f"c{i}"])], dict(live))
+    s.close()
+    inode = os.stat(s.path).st_ino
+    again = ClaimStore(tmp_path / "run", BOOT)
+    assert again.load() == live
+    assert os.stat(s.path).st_ino == inode  # not replaced by a snapshot of the same
+    live["c3"] = claim(3)
+    again.record([ClaimGranted(live["c3"])], dict(live))
+    again.close()
+    assert ClaimStore(tmp_path / "run", BOOT).load() == live
+
+
+def test_a_log_with_ended_claims_is_compacted_at_load(tmp_path):
+    s = ClaimStore(tmp_path / "run", BOOT)
+    s.load()
+    a, b = claim(1), claim(2)
+    s.record([ClaimGranted(a)], {"c1": a})
+    s.record([ClaimReleased(a, "released")], {})
+    s.record([ClaimGranted(b)], {"c2": b})
+    s.close()
+    inode = os.stat(s.path).st_ino
+    assert ClaimStore(tmp_path / "run", BOOT).load() == {"c2": b}
+    assert os.stat(s.path).st_ino != inode
+    assert s.path.read_bytes().count(b"\n") == 2  # the header and c2
 
 
 def test_a_corrupt_file_is_moved_aside_and_the_trusted_part_kept(tmp_path):
@@ -237,7 +275,8 @@ claims = st.builds(
     seq=st.integers(0, 2**40), gpus=st.lists(names, max_size=4).map(tuple),
     owner_alive=st.booleans(), owner_died_usec=st.integers(0, 2**62),
     members=st.frozensets(refs, max_size=4), reclaim_for=names,
-    queue_deadline_usec=st.integers(0, 2**62),
+    queue_deadline_usec=st.integers(0, 2**62), reply_to=names,
+    reply_serial=st.integers(0, 2**32 - 1),
 )
 
 
