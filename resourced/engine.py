@@ -318,7 +318,7 @@ class Engine(CalendarOperations):
             if refusal is not None:
                 raise refusal
             claim = ledger.claims[claim_id]
-            return claim, [*warnings, *self._until_warning(claim)]
+            return claim, [*warnings, *self.until_warning(claim)]
         claim = self.ledger.claims.get(claim_id)
         self._commit(events, undo=lambda: claim and self.ledger.release(claim_id, "cancelled"))
         if refusal is not None:
@@ -329,14 +329,15 @@ class Engine(CalendarOperations):
         for ref, fd in pinned:
             self._watcher.watch_pidfd((claim.id, ref), ref, fd)
         self._arm_timeout(claim)
-        return claim, [*warnings, *self._until_warning(claim)]
+        return claim, [*warnings, *self.until_warning(claim)]
 
     def _needs_evidence(self, demand: Demand) -> bool:
         """Whether a claim's decision needs to know what runs on the GPUs: it wants GPUs,
         or its grant or release may serve a waiter that does."""
         return demand.wants_gpu or self.ledger.waiting_for_gpus()
 
-    def _until_warning(self, claim: Claim) -> list[str]:
+    def until_warning(self, claim: Claim) -> list[str]:
+        """What a grant until a booking says about it (none for a claim that is not)."""
         if not claim.until_booking:
             return []
         booking = self.calendar.bookings.get(claim.until_booking)

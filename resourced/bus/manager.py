@@ -160,7 +160,8 @@ class ManagerInterface(Interface):
         self._gpus: dict[str, GpuInterface] = {}
         self._claims: dict[str, ClaimInterface] = {}  # the claim objects exported so far
         self._waiting: set[str] = set()  # queued claims (their outcome is signalled so)
-        self._held_calls: dict[str, Message] = {}  # queued claim -> the call it answers
+        self._held_calls: dict[str, tuple[Message, list[str]]] = {}  # queued claim -> the
+        # call it answers at its grant, and the warnings of its claiming
         self._replies_later = eager_methods(bus)  # (ReplyWhenGranted; else Wait's reply)
         self._totals = Throttle(self._announce_totals)
         self._users: dict[int, UserInterface] = {}  # per-user signal objects, made when needed
@@ -234,7 +235,7 @@ class ManagerInterface(Interface):
         if opts.get("DryRun"):  # no claim was made: no reference, no object
             return ["", "/", self.view.grant(claim, warnings, dry_run=True)]
         if opts.get("ReplyWhenGranted") and self._replies_later and claim.id in self._waiting:
-            self._held_calls[claim.id] = call  # answered by _publish
+            self._held_calls[claim.id] = call, warnings  # answered by _tell_waiter
             return REPLY_LATER
         return [claim.id, claim_path(claim.id), self.view.grant(claim, warnings)]
 
@@ -698,7 +699,7 @@ class ManagerInterface(Interface):
                 out.append((self.ClaimNew, claim.id, claim_path(claim.id)))
             elif isinstance(event, ClaimGranted):  # a waiter served: from its path, object or not
                 self._waiting.discard(claim.id)
-                self._tell_waiter(claim, self.view.grant(claim))  # (now: see above)
+                self._tell_waiter(claim)  # (now: see above)
                 out.append((self.bus.emit, claim_path(claim.id), PROPERTIES_IFACE,
                             "PropertiesChanged", "sa{sv}as", [CLAIM_IFACE, changed_values(
                                 ClaimInterface, {"State": claim.state,
@@ -759,21 +760,25 @@ class ManagerInterface(Interface):
             out.append((self._announce_totals, totals))
         self.engine.after_reply(self._run_all, out)
 
-    def _tell_waiter(self, claim, outcome: dict | str) -> None:
-        """A waiting claim's outcome, ``outcome`` (its grant, or why it left the queue):
-        the reply to the call that made it with ReplyWhenGranted, or else its Granted or
-        Cancelled signal, to the connection that made it."""
+    def _tell_waiter(self, claim, left: str = "") -> None:
+        """A waiting claim's outcome, its grant (or why it ``left`` the queue ungranted):
+        the reply to the call that made it with ReplyWhenGranted (with the warnings of
+        its claiming, and of its grant until a booking), or else its Granted or Cancelled
+        signal, to the connection that made it."""
         path = claim_path(claim.id)
-        call = self._held_calls.pop(claim.id, None)
-        if call is None:
-            granted = isinstance(outcome, dict)
-            self.bus.emit(path, CLAIM_IFACE, "Granted" if granted else "Cancelled",
-                          "a{sv}" if granted else "s", [outcome], claim.reply_to)
-        elif isinstance(outcome, dict):
-            self.bus.send(Message.new_method_return(call, "soa{sv}", [claim.id, path, outcome]))
-        else:
-            error = left_the_queue(claim.id, outcome)
+        call, warnings = self._held_calls.pop(claim.id, (None, []))
+        if call is None and left:
+            self.bus.emit(path, CLAIM_IFACE, "Cancelled", "s", [left], claim.reply_to)
+        elif call is None:
+            self.bus.emit(path, CLAIM_IFACE, "Granted", "a{sv}", [self.view.grant(claim)],
+                          claim.reply_to)
+        elif left:
+            error = left_the_queue(claim.id, left)
             self.bus.send(Message.new_error(call, error.bus_name(), error.message))
+        else:
+            self.bus.send(Message.new_method_return(
+                call, "soa{sv}", [claim.id, path, self.view.grant(
+                    claim, [*warnings, *self.engine.until_warning(claim)])]))
 
     def _announce_totals(self, keys: list[str]) -> None:
         """PropertiesChanged of the totals ``keys`` name (the Manager's path, pool names),

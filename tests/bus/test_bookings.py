@@ -463,6 +463,27 @@ def test_releasing_an_active_booking_frees_its_gpus_at_once(clocked_daemon, cloc
     assert now["start_usec"] == at("2026-12-01T10:15:00Z")
 
 
+def test_a_waiter_granted_until_a_booking_hears_so_in_its_reply(clocked_daemon, clock):
+    """A waiting claim's reply comes at its grant (ReplyWhenGranted), with the warning a
+    claim granted at once gets."""
+    d = clocked_daemon(gpus=2)
+    book(duration="1h", gpus=2, start="2026-12-01T10:00:00Z")
+    outcome: list = []
+    with client() as c:
+        first = c.claim(mode="dev", gpus=2, owner_pid=d.proc.pid)["allocation"]["ref"]
+        waiter = threading.Thread(target=lambda: outcome.append(Client(timeout=5).claim(
+            mode="dev", gpus=1, owner_pid=d.proc.pid, wait=True, timeout=20)), daemon=True)
+        waiter.start()
+        eventually(lambda: status()["queue"], what="the waiter in the queue")
+        c.release(first)
+        waiter.join(10)
+        assert outcome, "the waiter was not granted"
+        got = outcome[0]
+        assert got["allocation"]["state"] == "granted"
+        assert any("granted until 2026-12-01T10:00:00" in w for w in got["warnings"]), got
+        c.release(got["allocation"]["ref"])
+
+
 def test_a_claim_on_a_gpu_booked_later_holds_until_the_booking(clocked_daemon, clock):
     d = clocked_daemon(gpus=4)
     b = book(duration="1h", gpus=4, start="2026-12-01T10:00:00Z")
