@@ -53,6 +53,7 @@ from .errors import (
     NotEnoughCapacity,
     NotEnoughGPUs,
     QueueTimeout,
+    ResourcedError,
     error_from_bus,
     left_the_queue,
 )
@@ -232,13 +233,29 @@ class _Base:
             options["DurationUSec"] = ("t", span("duration", duration))
         return self._call("Claim", "ua{sv}", (gpus, options))
 
-    def _wait_failure(self, exc: BaseException) -> BaseException:
-        """What a held claim's wait that ended in ``exc`` raises (the claim taken out)."""
+    def _wait_failure(self, exc: TimeoutError | OSError) -> ResourcedError:
+        """What a held claim's wait that timed out or lost the bus raises (the claim taken
+        out, where the daemon still answered)."""
         if isinstance(exc, TimeoutError):
             return QueueTimeout("the claim was not granted in time; it left the queue")
-        if isinstance(exc, OSError):
-            return self._unreachable(self.bus, exc)
-        return exc
+        return self._unreachable(self.bus, exc)
+
+    def _held_answer(self, reply):
+        """Claim's answer in the ``reply`` to a held call, or why there is none:
+        ``_RESTARTED`` (the bus answered NoReply: the daemon went away holding the call,
+        and its claims log kept the claim for the next one), ``_NOT_KEPT`` (a daemon older
+        than ReplyWhenGranted)."""
+        if reply.header.message_type is MessageType.error:
+            name = reply.header.fields.get(HeaderFields.error_name, "")
+            text = reply.body[0] if reply.body and isinstance(reply.body[0], str) else ""
+            if name == NO_REPLY:
+                return _RESTARTED
+            if name == InvalidRequest.bus_name() and "'ReplyWhenGranted'" in text:
+                return _NOT_KEPT
+        try:
+            return self._body(reply)
+        except DaemonUnreachable:
+            raise self._not_running(self.bus) from None
 
     def _claim_of_call(self, serial: int):
         return self._call("GetClaimByCall", "u", (serial,))
@@ -379,9 +396,21 @@ class _Base:
         return START_HINTS[bus]
 
 
-_HELD_SERIALS = itertools.count(1 << 31)
+_HELD_SERIALS = itertools.count((1 << 31) + int.from_bytes(os.urandom(4), "big") % (1 << 30))
 """Serials of held claim calls: chosen here, out of the range jeepney counts up from 1,
-so that the client knows a call's serial before its answer (``GetClaimByCall``)."""
+so that the client knows a call's serial before its answer (``GetClaimByCall``); from a
+random start, so that after a restart of the bus (when unique names start again) a
+process is unlikely to take another's serial too."""
+NO_REPLY = "org.freedesktop.DBus.Error.NoReply"
+_RESTARTED = object()
+_NOT_KEPT = object()
+
+
+def _waiting_only(msg):
+    """``msg``, a Claim with ReplyWhenGranted, asking with Wait alone (an older daemon)."""
+    gpus, options = msg.body
+    msg.body = (gpus, {k: v for k, v in options.items() if k != "ReplyWhenGranted"})
+    return msg
 RETRY_INTERVAL = 0.2
 """Seconds between calls while the daemon restarts under a waiting claim."""
 
@@ -526,11 +555,15 @@ class Client(_Base):
             except BaseException as exc:
                 with contextlib.suppress(NoSuchClaim, DaemonUnreachable):
                     self.release(self._send(self._claim_of_call(serial))[0])
-                raise self._wait_failure(exc) from exc
-        try:
-            return self._body(reply)
-        except DaemonUnreachable:  # it went away with the call; the claims log kept the claim
+                if isinstance(exc, (TimeoutError, OSError)):
+                    raise self._wait_failure(exc) from exc
+                raise
+        answer = self._held_answer(reply)
+        if answer is _RESTARTED:
             return self._retry_unreachable(self._claim_of_call(serial), timeout)
+        if answer is _NOT_KEPT:
+            return self._send(_waiting_only(msg))
+        return answer
 
     def _retry_unreachable(self, msg, timeout: float | None) -> tuple:
         """``msg``'s answer once the daemon answers again (a restart), asking every
@@ -867,11 +900,18 @@ class AsyncClient(_Base):
 
     _router = None
     _router_cm = None
+    _opening = None  # an asyncio.Lock, made by the first call that connects
 
     async def _connection(self):
         if self._router is None:
-            await self._open()
-            wire.install(getattr(self._router, "_conn", None))
+            import asyncio
+
+            if self._opening is None:  # (calls that start together share one connection)
+                self._opening = asyncio.Lock()
+            async with self._opening:
+                if self._router is None:
+                    await self._open()
+                    wire.install(getattr(self._router, "_conn", None))
         return self._router
 
     async def _open(self):
@@ -974,11 +1014,15 @@ class AsyncClient(_Base):
             except BaseException as exc:
                 with contextlib.suppress(NoSuchClaim, DaemonUnreachable):
                     await self.release((await self._send(self._claim_of_call(serial)))[0])
-                raise self._wait_failure(exc) from exc
-        try:
-            return self._body(reply)
-        except DaemonUnreachable:  # it went away with the call; the claims log kept the claim
+                if isinstance(exc, (TimeoutError, OSError)):
+                    raise self._wait_failure(exc) from exc
+                raise
+        answer = self._held_answer(reply)
+        if answer is _RESTARTED:
             return await self._retry_unreachable(self._claim_of_call(serial), timeout)
+        if answer is _NOT_KEPT:
+            return await self._send(_waiting_only(msg))
+        return answer
 
     async def _retry_unreachable(self, msg, timeout: float | None) -> tuple:
         """As ``Client._retry_unreachable``."""

@@ -605,10 +605,16 @@ class Engine(CalendarOperations):
     def claim_of_call(self, bus_name: str, serial: int) -> Claim:
         """The live claim that connection ``bus_name``'s call ``serial`` made waiting: for
         a caller that lost the reply (interrupted, or the daemon restarted meanwhile)."""
-        for claim in self.ledger.claims.values():
-            if claim.reply_serial == serial and claim.reply_to == bus_name and serial:
-                return claim
+        if serial:
+            for claim in self.ledger.claims.values():
+                if claim.reply_serial == serial and claim.reply_to == bus_name:
+                    return claim
         raise NoSuchClaim(f"no live claim was made waiting by call {serial} of {bus_name}")
+
+    def withdraw(self, claim_id: str, why: str) -> None:
+        """Take a queued claim out of the queue for a reason of resourced's (audited)."""
+        if (claim := self.ledger.claims.get(claim_id)) is not None and claim.state == QUEUED:
+            self._end(claim_id, "cancelled", None, why)
 
     def holder_of(self, gpu_name: str) -> Claim:
         """The claim holding a GPU named by alias, index or UUID."""

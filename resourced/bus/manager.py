@@ -22,9 +22,10 @@ properties, read from the record without exporting) just before ``ClaimNew``, an
 exported.
 """
 
+import contextlib
 import json
 
-from dbus_fast import Message, MessageType, PropertyAccess, Variant
+from dbus_fast import Message, MessageFlag, MessageType, PropertyAccess, Variant
 from dbus_fast.service import dbus_method, dbus_property, dbus_signal
 
 from .. import __version__, memory
@@ -70,6 +71,7 @@ from .describe import StateView
 from .errors import bus_errors
 from .gpu import GpuInterface
 from .health import CheckInterface
+from .held_calls import HeldCalls
 from .interface import Interface
 from .names import (
     CLAIM_IFACE,
@@ -104,7 +106,7 @@ STOP_OPTIONS = {"Session": "s", "UID": "u", "Reason": "s", "DryRun": "b"}
 USAGE_OPTIONS = {"SinceUSec": "t", "UntilUSec": "t", "UID": "u", "ByGPU": "b"}
 DAY_USEC = 86400 * 1_000_000
 FEATURES = ["claims", "dev-claims", "verify", "health", "pools", "queue", "reclaim",
-            "bookings", "slurm-jobs"]
+            "bookings", "slurm-jobs", "reply-when-granted"]
 
 
 
@@ -160,9 +162,7 @@ class ManagerInterface(Interface):
         self._gpus: dict[str, GpuInterface] = {}
         self._claims: dict[str, ClaimInterface] = {}  # the claim objects exported so far
         self._waiting: set[str] = set()  # queued claims (their outcome is signalled so)
-        self._held_calls: dict[str, tuple[Message, list[str]]] = {}  # queued claim -> the
-        # call it answers at its grant, and the warnings of its claiming
-        self._replies_later = eager_methods(bus)  # (ReplyWhenGranted; else Wait's reply)
+        self._can_keep_calls = eager_methods(bus)  # (ReplyWhenGranted; else Wait's reply)
         self._totals = Throttle(self._announce_totals)
         self._users: dict[int, UserInterface] = {}  # per-user signal objects, made when needed
         self._texts = BookingTexts()
@@ -170,6 +170,8 @@ class ManagerInterface(Interface):
 
     def _bind(self, bus) -> None:
         self.bus = bus
+        self.held = HeldCalls(bus, lambda claim_id: self.engine.withdraw(
+            claim_id, "the caller waiting on it left the bus"))
         self.authority = (GroupAuthority(bus, *self.shared) if self.shared
                           else Authority(bus, enabled=self.mode == "system"))
         self.credentials = Credentials(bus)
@@ -211,6 +213,12 @@ class ManagerInterface(Interface):
     async def Claim(self, gpus: "u", options: "a{sv}") -> "soa{sv}":
         opts = parse_options(options, CLAIM_OPTIONS)
         call = current_call.get()
+        keep = (opts.get("ReplyWhenGranted", False) and self._can_keep_calls
+                and not call.flags & MessageFlag.NO_REPLY_EXPECTED)
+        with self.held.deciding(call) if keep else contextlib.nullcontext():
+            return await self._claim(call, keep, gpus, opts)
+
+    async def _claim(self, call: Message, keep: bool, gpus: int, opts: dict) -> list:
         caller = await self.credentials.caller()
         await self.authority.check(call, caller.uid, CLAIM, {
             "gpus": str(gpus), "mode": opts.get("Mode", "run"), "label": opts.get("Label", "")})
@@ -234,8 +242,8 @@ class ManagerInterface(Interface):
         )
         if opts.get("DryRun"):  # no claim was made: no reference, no object
             return ["", "/", self.view.grant(claim, warnings, dry_run=True)]
-        if opts.get("ReplyWhenGranted") and self._replies_later and claim.id in self._waiting:
-            self._held_calls[claim.id] = call, warnings  # answered by _tell_waiter
+        if keep and claim.id in self._waiting:
+            self.held.hold(claim.id, call, warnings)  # answered by _tell_waiter
             return REPLY_LATER
         return [claim.id, claim_path(claim.id), self.view.grant(claim, warnings)]
 
@@ -317,8 +325,10 @@ class ManagerInterface(Interface):
 
     @dbus_method()
     @bus_errors
-    def GetClaimByCall(self, serial: "u") -> "soa{sv}":
-        claim = self.engine.claim_of_call(current_call.get().sender, serial)
+    async def GetClaimByCall(self, serial: "u") -> "soa{sv}":
+        sender = current_call.get().sender
+        await self.held.decided(sender, serial)
+        claim = self.engine.claim_of_call(sender, serial)
         return [claim.id, claim_path(claim.id), self.view.grant(claim)]
 
     @dbus_method()
@@ -766,7 +776,7 @@ class ManagerInterface(Interface):
         its claiming, and of its grant until a booking), or else its Granted or Cancelled
         signal, to the connection that made it."""
         path = claim_path(claim.id)
-        call, warnings = self._held_calls.pop(claim.id, (None, []))
+        call, warnings = self.held.pop(claim.id)
         if call is None and left:
             self.bus.emit(path, CLAIM_IFACE, "Cancelled", "s", [left], claim.reply_to)
         elif call is None:

@@ -71,6 +71,10 @@ BOGUS_MEMBERS = ("Bogus", "claim", "Release_", "Ping", "Introspect", "Get", "x" 
 INVALID_UTF8_MARK = "@@invalid-utf8@@"
 INVALID_UTF8 = b"\xc3\x28\xa0\xa1\xe2\x28\xa1\xf0\x28\x8c\xbc\xf0\x90\x28\xff\xfe"
 DROPPED = "dropped by the bus"
+HELD = "held while its claim waits"
+HELD_WAIT = 0.3
+"""Seconds a Claim with ReplyWhenGranted is given to answer before GetClaimByCall is to
+confirm that it is kept because its claim waits."""
 UNNAMED = {f"org.freedesktop.DBus.Error.{name}" for name in (
     "Failed",  # the catch-all
     "NoReply", "ServiceUnknown", "NameHasNoOwner", "Disconnected",  # from the bus: no daemon
@@ -359,10 +363,32 @@ class Wire:
         msg = call.message()
         if INVALID_UTF8_MARK.encode() in msg.serialise(serial=1):
             return self._invalid_utf8(msg)
+        if call.member == "Claim" and call.body and isinstance(call.body[-1], dict) and \
+                call.body[-1].get("ReplyWhenGranted") == ("b", True):
+            return self._may_be_held(msg)
         try:
             return _sort(self.conn.send_and_get_reply(msg, timeout=REPLY_TIMEOUT))
         except TimeoutError:
             return "timeout", None
+
+    def _may_be_held(self, msg) -> tuple[str, object]:
+        """A Claim with ReplyWhenGranted: its answer, or HELD where GetClaimByCall finds
+        its claim waiting (the answer comes at the grant, and is then ignored)."""
+        serial = next(self.conn.outgoing_serial)
+        self.conn.send(msg, serial=serial)
+        deadline = time.monotonic() + HELD_WAIT
+        try:
+            while True:
+                reply = self.conn.receive(timeout=max(0.0, deadline - time.monotonic()))
+                if reply.header.fields.get(HeaderFields.reply_serial) == serial:
+                    return _sort(reply)
+        except TimeoutError:
+            pass
+        kind, body = self.call(Call(MANAGER_PATH, "org.resourced.Manager", "GetClaimByCall",
+                                    "u", (serial,)))
+        if kind == "return" and body[2]["State"][1] == "queued":
+            return HELD, body[0]
+        return "timeout", None
 
     def _invalid_utf8(self, msg) -> tuple[str, object]:
         """Send ``msg`` with invalid UTF-8 in place of the mark, on a connection of its own."""
@@ -449,7 +475,7 @@ class Fuzz:
                 self.failures.append(f"#{self.calls} {name} {SHORT.repr(message)}: {call}")
         else:
             self.outcomes[kind] += 1
-            if kind != DROPPED:
+            if kind not in (DROPPED, HELD):
                 self.failures.append(f"#{self.calls} {kind}: {call}")
         return kind
 
@@ -534,11 +560,12 @@ def test_fuzz_every_method_and_property(start_daemon, tmp_path, owner):
     tracebacks = daemon.log().count("Traceback")
     named = {k: v for k, v in sorted(fuzz.outcomes.items()) if is_named(k)}
     unnamed = {k: v for k, v in sorted(fuzz.outcomes.items())
-               if k not in ("return", DROPPED) and not is_named(k)}
+               if k not in ("return", DROPPED, HELD) and not is_named(k)}
     summary = (f"fuzz: seed={SEED} calls={fuzz.calls} returns={fuzz.outcomes['return']} "
                f"named errors={sum(named.values())} {named} "
                f"unnamed errors={sum(unnamed.values())} {unnamed} "
-               f"{DROPPED} (invalid UTF-8)={fuzz.outcomes[DROPPED]} tracebacks={tracebacks} "
+               f"{DROPPED} (invalid UTF-8)={fuzz.outcomes[DROPPED]} "
+               f"{HELD}={fuzz.outcomes[HELD]} tracebacks={tracebacks} "
                f"pings={len(pings)} slowest ping={max(pings, default=math.inf) * 1000:.1f} ms "
                f"slowest call={fuzz.slowest[0] * 1000:.0f} ms daemon alive={alive} "
                f"answering={answers}")

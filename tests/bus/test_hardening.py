@@ -9,6 +9,7 @@ import time
 
 import pytest
 from jeepney import DBusAddress, new_method_call
+from jeepney.io.blocking import open_dbus_connection
 
 from resourced.client import Client
 from resourced.errors import InvalidRequest, ResourcedError
@@ -89,18 +90,20 @@ def test_a_lease_release_is_audited_as_a_release_not_a_forced_one(daemon):
 
 
 def test_a_queue_timeout_survives_a_restart(start_daemon, procs):
+    """A claim made with Wait alone outlives the connection that made it (one made with
+    ReplyWhenGranted leaves the queue with its caller: a test of its own says so)."""
     first = start_daemon(gpus=1)
     owner = procs.sleep()
     with Client() as c:
         c.claim(owner_pid=owner.pid)
-    waiting = subprocess.Popen(
-        [sys.executable, "-m", "resourced.cli", "claim", "--owner-pid", str(owner.pid),
-         "--wait", "--timeout", "4"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        [ref] = eventually(lambda: [r for r, c in claims().items() if c["state"] == "queued"])
-    finally:
-        waiting.kill()  # no client is left to take the claim out of the queue
-        waiting.wait(5)
+    with open_dbus_connection("SESSION") as conn:  # gone before the restart, as a client
+        reply = conn.send_and_get_reply(new_method_call(  # killed while it waited would be
+            DBusAddress("/org/resourced", "org.resourced", "org.resourced.Manager"), "Claim",
+            "ua{sv}", (1, {"Mode": ("s", "dev"), "OwnerPID": ("u", owner.pid),
+                           "Wait": ("b", True), "QueueTimeoutUSec": ("t", 4_000_000)})),
+            timeout=10)
+    ref = reply.body[0]
+    assert claims()[ref]["state"] == "queued"
     first.proc.kill()
     first.proc.wait(5)
     second = start_daemon(gpus=1, runtime_dir=first.runtime_dir)

@@ -28,3 +28,11 @@ def test_looking_everywhere_it_names_both_buses_and_both_ways_to_start(no_daemon
     assert "`sudo systemctl start resourced`" in r.stderr and "`resourced --session`" in r.stderr
     assert "`systemctl --user start resourced`" in r.stderr
     assert r.stderr.count("\n") == 1
+
+
+def test_a_wait_for_a_claim_with_no_daemon_fails_at_once(no_daemon):
+    """The bus's ServiceUnknown is no daemon at all, not one that went away holding the
+    call (NoReply), which a waiting client would sit out."""
+    r = gpuctl("run", "--bus", "session", "--wait", "--", "true", timeout=10)
+    assert r.returncode == 5, r.stderr
+    assert "the resourced daemon is not running on the session bus" in r.stderr

@@ -773,8 +773,8 @@ from resourced.client import Client
 c = Client()
 try:
     c.acquire(pools={"slots": 1}, timeout=20)
-except KeyboardInterrupt:
-    print("interrupted", flush=True)
+except KeyboardInterrupt as exc:
+    print("interrupted" if exc.__cause__ is None else f"caused by {exc.__cause__!r}", flush=True)
 time.sleep(60)
 """
 
@@ -783,12 +783,15 @@ class HeldCall:
     """A Claim for one slot with ReplyWhenGranted, sent on a connection of its own; its
     serial and every message the connection received, by a thread."""
 
-    def __init__(self, **options):
+    def __init__(self, then: tuple = (), **options):
+        """``then``: (method, signature, body) of a Manager call sent right behind."""
         self.conn = open_dbus_connection("SESSION")
         opts = {"Mode": ("s", "dev"), "OwnerPID": ("u", os.getpid()),
                 "Pools": ("a{st}", {"slots": 1}), "ReplyWhenGranted": ("b", True), **options}
         self.serial = 1 << 20
         self.conn.send(new_method_call(MANAGER, "Claim", "ua{sv}", (0, opts)), serial=self.serial)
+        if then:
+            self.conn.send(new_method_call(MANAGER, *then), serial=self.serial + 1)
         self.received: list = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -803,9 +806,10 @@ class HeldCall:
             except OSError:
                 return
 
-    def reply(self):
+    def reply(self, to: int = 0):
+        """The reply to the Claim (``to`` 1: to the call behind it), or None yet."""
         replies = [m for m in self.received
-                   if m.header.fields.get(HeaderFields.reply_serial) == self.serial]
+                   if m.header.fields.get(HeaderFields.reply_serial) == self.serial + to]
         return replies[0] if replies else None
 
     def members(self) -> list[str]:
@@ -891,6 +895,81 @@ def test_get_claim_by_call_finds_a_waiting_claim_for_the_caller_alone(pools_daem
         finally:
             call.close()
         c.release(held)
+
+
+def test_get_claim_by_call_waits_for_a_claim_still_being_decided(pools_daemon):
+    """On a new connection the Claim first waits for the caller's credentials; a lookup
+    sent right behind it (a client interrupted at once) must still find the claim."""
+    with Client() as c:
+        held = hold_slots(c, 2)
+        call = HeldCall(then=("GetClaimByCall", "u", (1 << 20,)))
+        try:
+            found = eventually(lambda: call.reply(to=1), what="GetClaimByCall's reply")
+            assert found.header.fields.get(HeaderFields.error_name) is None, found.body
+            [waiting] = queue()
+            assert found.body[0] == waiting["id"] and found.body[2]["State"][1] == "queued"
+        finally:
+            call.close()
+        c.release(held)
+
+
+def test_a_held_claim_whose_caller_leaves_the_bus_leaves_the_queue(pools_daemon):
+    """Nobody could be told of its grant: it would hold what it was granted for nobody."""
+    with Client() as c:
+        held = hold_slots(c, 2)
+        call = HeldCall()
+        [waiting] = eventually(queue)
+        call.close()
+        eventually(lambda: queue() == [], what="the claim out of the queue")
+        c.release(held)
+    assert (f"cancelled release of {waiting['id']} by resourced: the caller waiting on it "
+            "left the bus") in pools_daemon.log()
+
+
+def test_cancelling_one_of_two_first_async_waits_leaves_the_other(pools_daemon):
+    """Two waits that start together on a new AsyncClient share its one connection, so
+    the cancelled one finds its claim (by its call) there and takes it out."""
+    async def main():
+        with Client() as c:
+            held = hold_slots(c, 2)
+        async with AsyncClient() as client:
+            first, second = (asyncio.ensure_future(client.claim(
+                mode="dev", gpus=0, pools={"slots": 1}, owner_pid=os.getpid(), wait=True,
+                timeout=20)) for _ in range(2))
+            while len((await client.status())["queue"]) < 2:
+                await asyncio.sleep(0.02)
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            assert len((await client.status())["queue"]) == 1
+            await client.release(held)
+            granted = await asyncio.wait_for(second, 10)
+            await client.release(granted["allocation"]["ref"])
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    assert status()["claims"] == []
+
+
+def test_a_daemon_without_reply_when_granted_is_waited_on_the_older_way(start_daemon,
+                                                                        tmp_path):
+    """A client newer than the daemon (a shared or system daemon, a venv client) asks
+    again with Wait alone when the daemon does not know the option, and hears of its
+    grant by the signal."""
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / "sitecustomize.py").write_text(
+        "import resourced.bus.manager as m\ndel m.CLAIM_OPTIONS['ReplyWhenGranted']\n")
+    config = tmp_path / "config.toml"
+    config.write_text(CONFIG)
+    start_daemon(gpus="3", args=["--config", str(config)], env={
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(older), os.environ.get("PYTHONPATH")]))})
+    with Client() as c:
+        held = hold_slots(c, 2)
+        waiter = Waiter(slots=1)
+        [waiting] = eventually(queue)
+        c.release(held)
+        assert waiter.outcome().granted, waiter.error
+        assert waiter.ref == waiting["id"]
+        c.release(waiter.ref)
 
 
 def test_an_interrupted_wait_leaves_the_queue_though_the_process_lives_on(pools_daemon):
