@@ -283,11 +283,13 @@ class Engine(CalendarOperations):
             raise InvalidRequest(f"{len(member_pids)} member pids given, at most {MAX_MEMBERS} "
                                  "may be (the daemon adopts their descendants by itself)")
         look = self.probe.begin() if self._needs_evidence(demand) else None  # (checked meanwhile)
-        pinned = [_callers_process(caller, caller.pid if owner_pid is None else owner_pid, "owner")]
+        pinned = [_callers_process(caller, caller.pid if owner_pid is None else owner_pid,
+                                   "owner", self._watcher)]
         try:
             session = self._session_of(pinned[0][0].pid, session)
             self._check_limits(caller, wait, demand, session)  # the session's, now it is known
-            pinned += [_callers_process(caller, pid, "member") for pid in member_pids]
+            pinned += [_callers_process(caller, pid, "member", self._watcher)
+                       for pid in member_pids]
             user = await self._user_name(caller.uid)
             self.run_due()  # bookings due by now have started: the decision sees them
             now = self.clock()
@@ -1016,14 +1018,15 @@ class Engine(CalendarOperations):
         return self._user_names[uid]
 
 
-def _callers_process(caller: Caller, pid: int, role: str) -> tuple[ProcessRef, int]:
-    """The live process ``pid`` and a pidfd pinning it; it must be the caller's own (root
-    may name any)."""
+def _callers_process(caller: Caller, pid: int, role: str,
+                     watcher: ExitWatcher) -> tuple[ProcessRef, int]:
+    """The live process ``pid`` and a pidfd pinning it (from ``watcher``'s, where it holds
+    one: a process that claims again); it must be the caller's own (root may name any)."""
     highest = pid_max()
     if not 0 < pid <= highest:
         raise InvalidRequest(f"{role} pid {pid} is out of range: pids run from 1 to {highest}")
     try:
-        pinned = pin_process(pid)
+        pinned = watcher.pin(pid) or pin_process(pid)
     except OSError as exc:
         log.error("cannot pin %s process %d: %s", role, pid, exc)
         raise Internal(f"the daemon cannot watch process {pid} now ({exc.strerror}); "

@@ -8,11 +8,13 @@ A process nobody watches any more keeps its pidfd, registered, among the ``IDLE_
 it last stopped watching: a process that claims and releases in a loop (a lease per
 work item) is then watched again without a new registration with the loop (two
 ``epoll_ctl`` and a ``close`` per claim and release saved).  An idle process that exits
-is dropped then, with no callback: nobody watched it.
+is dropped then, with no callback: nobody watched it.  A pidfd held here also pins its
+process for a new claim without a /proc read (``pin``).
 """
 
 import asyncio
 import os
+import select
 from collections.abc import Callable, Hashable
 
 from ..core.claims import ProcessRef
@@ -32,6 +34,7 @@ class ExitWatcher:
         self._keys: dict[ProcessRef, set[Hashable]] = {}  # who watches each process
         self._ref_of: dict[Hashable, ProcessRef] = {}
         self._idle: dict[ProcessRef, None] = {}  # watched by no key, oldest first
+        self._by_pid: dict[int, ProcessRef] = {}  # the last process held for each pid
 
     def watch(self, key: Hashable, ref: ProcessRef) -> bool:
         """Start watching; False (and no callback) if the process is already gone.
@@ -59,6 +62,20 @@ class ExitWatcher:
             self._add(ref, fd)
         self._join(key, ref)
 
+    def pin(self, pid: int) -> tuple[ProcessRef, int] | None:
+        """The live process ``pid`` and a new pidfd for it, from one held here, or None
+        (none held, or its process has exited: a pid is not reused while its process
+        lives, so one that has not names the very process the held pidfd pins)."""
+        ref = self._by_pid.get(pid)
+        if ref is None:
+            return None
+        fd = self._fds[ref]
+        poll = select.poll()
+        poll.register(fd, select.POLLIN)
+        if poll.poll(0):  # exited (its callback is on its way)
+            return None
+        return ref, os.dup(fd)
+
     def forget(self, key: Hashable) -> None:
         ref = self._ref_of.pop(key, None)
         if ref is None:
@@ -77,6 +94,7 @@ class ExitWatcher:
 
     def _add(self, ref: ProcessRef, fd: int) -> None:
         self._fds[ref] = fd
+        self._by_pid[ref.pid] = ref
         self._keys[ref] = set()
         self._loop.add_reader(fd, self._exited, ref)
 
@@ -87,6 +105,8 @@ class ExitWatcher:
 
     def _drop(self, ref: ProcessRef) -> None:
         fd = self._fds.pop(ref)
+        if self._by_pid.get(ref.pid) == ref:
+            del self._by_pid[ref.pid]
         del self._keys[ref]
         self._idle.pop(ref, None)
         self._loop.remove_reader(fd)

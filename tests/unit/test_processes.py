@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from resourced.core.claims import ProcessRef
+from resourced.evidence import liveness
 from resourced.evidence.liveness import IDLE_KEPT, ExitWatcher
 from resourced.evidence.processes import (
     boot_id,
@@ -278,4 +279,41 @@ def test_only_the_last_idle_processes_keep_their_pidfds():
             for c in children:
                 c.kill()
                 c.wait()
+    asyncio.run(test())
+
+
+def test_a_process_the_watcher_holds_is_pinned_again_without_reading_proc(monkeypatch):
+    async def test():
+        watcher = ExitWatcher(asyncio.get_running_loop(), lambda key: None)
+        child = _child()
+        ref = process_ref(child.pid)
+        try:
+            assert watcher.pin(child.pid) is None  # none held yet
+            watcher.watch("c1", ref)
+            watcher.forget("c1")  # idle, still held
+            monkeypatch.setattr(liveness, "open_pidfd", None)  # neither of these may run
+            monkeypatch.setattr(liveness, "is_alive", None)
+            pinned_ref, fd = watcher.pin(child.pid)
+            assert pinned_ref == ref and fd != watcher._fds[ref]
+            os.close(fd)  # a copy: the watcher's own stays open and registered
+            assert os.fstat(watcher._fds[ref])
+        finally:
+            watcher.close()
+            child.kill()
+            child.wait()
+    asyncio.run(test())
+
+
+def test_an_exited_process_is_not_pinned_from_the_watcher_before_its_callback_ran():
+    async def test():
+        exited = []
+        watcher = ExitWatcher(asyncio.get_running_loop(), exited.append)
+        child = _child()
+        watcher.watch("c1", process_ref(child.pid))
+        child.kill()
+        child.wait()  # reaped: the pid may be anyone's now; the loop has not run yet
+        try:
+            assert watcher.pin(child.pid) is None and exited == []
+        finally:
+            watcher.close()
     asyncio.run(test())
