@@ -4,7 +4,7 @@ import functools
 import inspect
 import logging
 
-from dbus_fast import DBusError
+from dbus_fast import DBusError, Message
 
 from ..errors import Internal, ResourcedError
 
@@ -18,6 +18,13 @@ def _translate(exc: Exception) -> DBusError:
         return DBusError(exc.bus_name(), exc.message)
     log.error("internal error", exc_info=exc)
     return DBusError(Internal.bus_name(), "internal error; see the daemon's log")
+
+
+def error_reply(call: Message, exc: Exception) -> Message:
+    """The error reply to ``call`` for ``exc``, as a method raising it sends it (for a call
+    answered later, outside its method)."""
+    error = _translate(exc)
+    return Message.new_error(call, error.type, error.text)
 
 
 def bus_errors(fn):

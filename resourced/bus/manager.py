@@ -68,7 +68,7 @@ from .caller import Credentials, current_call
 from .claim import ClaimInterface
 from .connection import REPLY_LATER, changed_values, eager_methods, property_values
 from .describe import StateView
-from .errors import bus_errors
+from .errors import bus_errors, error_reply
 from .gpu import GpuInterface
 from .health import CheckInterface
 from .held_calls import HeldCalls
@@ -783,8 +783,7 @@ class ManagerInterface(Interface):
             self.bus.emit(path, CLAIM_IFACE, "Granted", "a{sv}", [self.view.grant(claim)],
                           claim.reply_to)
         elif left:
-            error = left_the_queue(claim.id, left)
-            self.bus.send(Message.new_error(call, error.bus_name(), error.message))
+            self.bus.send(error_reply(call, left_the_queue(claim.id, left)))
         else:
             self.bus.send(Message.new_method_return(
                 call, "soa{sv}", [claim.id, path, self.view.grant(
