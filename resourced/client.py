@@ -245,17 +245,17 @@ class _Base:
         ``_RESTARTED`` (the bus answered NoReply: the daemon went away holding the call,
         and its claims log kept the claim for the next one), ``_NOT_KEPT`` (a daemon older
         than ReplyWhenGranted)."""
-        if reply.header.message_type is MessageType.error:
-            name = reply.header.fields.get(HeaderFields.error_name, "")
-            text = reply.body[0] if reply.body and isinstance(reply.body[0], str) else ""
-            if name == NO_REPLY:
-                return _RESTARTED
-            if name == InvalidRequest.bus_name() and "'ReplyWhenGranted'" in text:
-                return _NOT_KEPT
+        error = reply.header.fields.get(HeaderFields.error_name)
+        if error == NO_REPLY:
+            return _RESTARTED
         try:
             return self._body(reply)
         except DaemonUnreachable:
             raise self._not_running(self.bus) from None
+        except InvalidRequest as exc:
+            if error == InvalidRequest.bus_name() and "'ReplyWhenGranted'" in exc.message:
+                return _NOT_KEPT
+            raise
 
     def _claim_of_call(self, serial: int):
         return self._call("GetClaimByCall", "u", (serial,))
@@ -411,6 +411,8 @@ def _waiting_only(msg):
     gpus, options = msg.body
     msg.body = (gpus, {k: v for k, v in options.items() if k != "ReplyWhenGranted"})
     return msg
+
+
 RETRY_INTERVAL = 0.2
 """Seconds between calls while the daemon restarts under a waiting claim."""
 
