@@ -27,7 +27,7 @@ from .backends import select_backend
 from .bus.caller import remember_call
 from .bus.connection import DaemonBus
 from .bus.manager import ManagerInterface
-from .bus.names import BUS_NAME
+from .bus.names import BUS_DRIVER, BUS_NAME
 from .bus.polkit import SharedAccess
 from .calendar_store import CalendarStore
 from .config import Config, ConfigError, find_config, load_config, reload_changes
@@ -412,9 +412,8 @@ def shared_access(shared: SharedBus) -> SharedAccess:
 
 
 async def _name_owned(bus) -> bool:
-    reply = await bus.call(Message(destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
-                                   interface="org.freedesktop.DBus", member="NameHasOwner",
-                                   signature="s", body=[BUS_NAME]))
+    reply = await bus.call(Message(**BUS_DRIVER, member="NameHasOwner", signature="s",
+                                   body=[BUS_NAME]))
     return reply.message_type is MessageType.METHOD_RETURN and reply.body[0]
 
 

@@ -10,6 +10,7 @@ import contextvars
 from dbus_fast import Message, MessageType
 
 from ..engine import Caller
+from .names import BUS_DRIVER
 
 current_call: contextvars.ContextVar[Message] = contextvars.ContextVar("current_call")
 
@@ -33,14 +34,7 @@ class Credentials:
         if cached is not None:
             return cached
         reply = await self._bus.call(
-            Message(
-                destination="org.freedesktop.DBus",
-                path="/org/freedesktop/DBus",
-                interface="org.freedesktop.DBus",
-                member="GetConnectionCredentials",
-                signature="s",
-                body=[sender],
-            )
+            Message(**BUS_DRIVER, member="GetConnectionCredentials", signature="s", body=[sender])
         )
         if reply.message_type is not MessageType.METHOD_RETURN:
             raise PermissionError(f"the bus gave no credentials for {sender}")

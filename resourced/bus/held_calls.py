@@ -18,8 +18,7 @@ from collections.abc import Callable
 
 from dbus_fast import Message, MessageFlag, MessageType
 
-DRIVER = {"destination": "org.freedesktop.DBus", "path": "/org/freedesktop/DBus",
-          "interface": "org.freedesktop.DBus"}
+from .names import BUS_DRIVER
 
 
 class HeldCalls:
@@ -66,7 +65,7 @@ class HeldCalls:
     async def _check_still_there(self, sender: str) -> None:
         """For a caller that left before its match rule was in place."""
         try:
-            reply = await self._bus.call(Message(**DRIVER, member="NameHasOwner",
+            reply = await self._bus.call(Message(**BUS_DRIVER, member="NameHasOwner",
                                                  signature="s", body=[sender]))
         except Exception:  # noqa: BLE001 - the bus went (a stop): nobody is left to tell
             return
@@ -75,7 +74,7 @@ class HeldCalls:
 
     def _on_message(self, msg: Message) -> bool:
         if (msg.message_type is MessageType.SIGNAL and msg.member == "NameOwnerChanged"
-                and msg.sender == DRIVER["destination"] and len(msg.body) == 3
+                and msg.sender == BUS_DRIVER["destination"] and len(msg.body) == 3
                 and msg.body[0] in self._watched and not msg.body[2]):
             self._left(msg.body[0])
         return False  # (never handled here)
@@ -90,10 +89,10 @@ class HeldCalls:
 
 
 def _left_rule(sender: str) -> str:
-    return ("type='signal',sender='org.freedesktop.DBus',interface='org.freedesktop.DBus',"
-            f"member='NameOwnerChanged',arg0='{sender}'")
+    return (f"type='signal',sender='{BUS_DRIVER['destination']}',"
+            f"interface='{BUS_DRIVER['interface']}',member='NameOwnerChanged',arg0='{sender}'")
 
 
 def _driver_call(member: str, rule: str) -> Message:
-    return Message(**DRIVER, member=member, signature="s", body=[rule],
+    return Message(**BUS_DRIVER, member=member, signature="s", body=[rule],
                    flags=MessageFlag.NO_REPLY_EXPECTED)

@@ -5,6 +5,9 @@ MANAGER_PATH = "/org/resourced"
 MANAGER_IFACE = "org.resourced.Manager"
 GPU_IFACE = "org.resourced.GPU"
 CLAIM_IFACE = "org.resourced.Claim"
+BUS_DRIVER = {"destination": "org.freedesktop.DBus", "path": "/org/freedesktop/DBus",
+              "interface": "org.freedesktop.DBus"}
+"""The bus itself, as the daemon calls it: ``Message(**BUS_DRIVER, member=...)``."""
 
 JSON_SCHEMA = 1
 """The version of the JSON the daemon and gpuctl emit (Describe, status/verify --json):

@@ -17,7 +17,7 @@ from typing import NamedTuple
 from dbus_fast import Message, MessageFlag, MessageType, Variant
 
 from ..errors import AccessDenied, InteractionRequired
-from .names import CLAIM_IFACE, GPU_IFACE, MANAGER_IFACE
+from .names import BUS_DRIVER, CLAIM_IFACE, GPU_IFACE, MANAGER_IFACE
 
 log = logging.getLogger("resourced")
 
@@ -158,9 +158,7 @@ class GroupAuthority:
         groups = self._groups.get(sender)
         if groups is None:
             reply = await self.bus.call(Message(
-                destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
-                interface="org.freedesktop.DBus", member="GetConnectionCredentials",
-                signature="s", body=[sender]))
+                **BUS_DRIVER, member="GetConnectionCredentials", signature="s", body=[sender]))
             if reply.message_type is not MessageType.METHOD_RETURN:
                 raise AccessDenied(f"the bus gave no credentials for {sender}")
             ids = reply.body[0].get("UnixGroupIDs")
