@@ -143,10 +143,8 @@ class StderrHandler(logging.StreamHandler):
         with self.lock:  # (worker threads log too)
             if self._lines is not None:
                 self._lines.append(text + self.terminator)
-                return
-            with contextlib.suppress(OSError, ValueError):  # stderr gone: nothing to tell
-                self.stream.write(text + self.terminator)
-                self.stream.flush()
+            else:
+                self._put(text + self.terminator)
 
     @contextlib.contextmanager
     def held(self):
@@ -160,9 +158,12 @@ class StderrHandler(logging.StreamHandler):
             with self.lock:  # (a thread may be logging)
                 lines, self._lines = self._lines, None
                 if lines:
-                    with contextlib.suppress(OSError, ValueError):
-                        self.stream.write("".join(lines))
-                        self.stream.flush()
+                    self._put("".join(lines))
+
+    def _put(self, text: str) -> None:
+        with contextlib.suppress(OSError, ValueError):  # stderr gone: nothing to tell
+            self.stream.write(text)
+            self.stream.flush()
 
 
 _stderr: StderrHandler | None = None  # set up by setup_logging
