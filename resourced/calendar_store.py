@@ -50,8 +50,10 @@ class CalendarStore:
         self.path = self.log.path
 
     def load(self) -> tuple[dict[str, Booking], dict[str, Blackout], dict[str, Notice]]:
-        """The bookings, blackouts and notices the log holds; then it is compacted (and
-        migrated)."""
+        """The bookings, blackouts and notices the log holds.  A log read whole, in this
+        schema, is kept as it is (``compact_if_grown`` compacts it as it grows, and a
+        synced snapshot at every start cost as much as the log); any other is replaced
+        by a snapshot, migrated, at once."""
         bookings: dict[str, Booking] = {}
         blackouts: dict[str, Blackout] = {}
         notices: dict[str, Notice] = {}
@@ -90,8 +92,10 @@ class CalendarStore:
             else:
                 raise ValueError(f"unknown op {op!r}")
 
-        self.log.read(header, apply)
-        self.rewrite(bookings.values(), blackouts.values(), notices.values())
+        if self.log.read(header, apply) and version == SCHEMA:
+            self.log.keep()
+        else:
+            self.rewrite(bookings.values(), blackouts.values(), notices.values())
         return bookings, blackouts, notices
 
     def rewrite(self, bookings, blackouts, notices=()) -> None:

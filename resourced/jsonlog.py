@@ -160,7 +160,7 @@ class JsonLog:
 
     def keep(self) -> None:
         """Append to the file as it is now (after ``rewrite``, or a ``read`` that found
-        it whole and needs no compaction)."""
+        it whole)."""
         if self._fd is not None:
             os.close(self._fd)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)

@@ -54,6 +54,22 @@ def test_a_torn_last_line_is_ignored_and_the_log_compacted(tmp_path):
     assert json.loads(lines[0]) == {"schema": SCHEMA} and len(lines) == 2
 
 
+def test_a_whole_log_is_kept_as_it_is_at_load(tmp_path):
+    store = CalendarStore(tmp_path)
+    store.load()
+    store.record([], blackout=Blackout("m", NOW, NOW + H, "x"))
+    store.record([], unblackout="m")
+    store.close()
+    path = tmp_path / LOG_NAME
+    inode, before = path.stat().st_ino, path.read_bytes()
+    again = CalendarStore(tmp_path)
+    assert again.load()[1] == {}
+    assert (path.stat().st_ino, path.read_bytes()) == (inode, before)  # not rewritten
+    again.record([], blackout=Blackout("n", NOW, NOW + H, "y"))
+    again.close()
+    assert set(CalendarStore(tmp_path).load()[1]) == {"n"}
+
+
 def test_a_newer_schema_is_refused_not_guessed(tmp_path):
     (tmp_path / LOG_NAME).write_text(json.dumps({"schema": SCHEMA + 1}) + "\n")
     with pytest.raises(StoreError, match="written by a newer resourced"):
