@@ -781,14 +781,17 @@ time.sleep(60)
 
 class HeldCall:
     """A Claim for one slot with ReplyWhenGranted, sent on a connection of its own; its
-    serial and every message the connection received, by a thread."""
+    serial and every message the connection received, by a thread.  Closed on leaving
+    ``with``."""
+
+    SERIAL = 1 << 20
 
     def __init__(self, then: tuple = (), **options):
         """``then``: (method, signature, body) of a Manager call sent right behind."""
         self.conn = open_dbus_connection("SESSION")
         opts = {"Mode": ("s", "dev"), "OwnerPID": ("u", os.getpid()),
                 "Pools": ("a{st}", {"slots": 1}), "ReplyWhenGranted": ("b", True), **options}
-        self.serial = 1 << 20
+        self.serial = self.SERIAL
         self.conn.send(new_method_call(MANAGER, "Claim", "ua{sv}", (0, opts)), serial=self.serial)
         if then:
             self.conn.send(new_method_call(MANAGER, *then), serial=self.serial + 1)
@@ -815,10 +818,20 @@ class HeldCall:
     def members(self) -> list[str]:
         return [m.header.fields.get(HeaderFields.member) for m in self.received]
 
-    def close(self) -> None:
+    def stop_reading(self) -> None:
+        """Leave the connection to calls made on it (``call_manager``)."""
         self._stop.set()
         self._thread.join(5)
+
+    def close(self) -> None:
+        self.stop_reading()
         self.conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def call_manager(method: str, signature: str, body: tuple, conn=None):
@@ -836,8 +849,7 @@ def call_manager(method: str, signature: str, body: tuple, conn=None):
 def test_a_held_claim_is_answered_at_its_grant_and_signalled_to_nobody(pools_daemon):
     with Client() as c:
         held = hold_slots(c, 2)
-        call = HeldCall()
-        try:
+        with HeldCall() as call:
             [waiting] = eventually(queue)
             time.sleep(0.3)
             assert call.reply() is None  # it waits, and so does its reply
@@ -849,8 +861,6 @@ def test_a_held_claim_is_answered_at_its_grant_and_signalled_to_nobody(pools_dae
             assert path == f"/org/resourced/claim/{claim_id}"
             time.sleep(0.2)
             assert "Granted" not in call.members()
-        finally:
-            call.close()
         c.release(claim_id)
 
 
@@ -858,8 +868,8 @@ def test_a_held_claim_is_answered_at_its_grant_and_signalled_to_nobody(pools_dae
 def test_a_held_claim_that_leaves_the_queue_is_answered_with_an_error(pools_daemon, how):
     with Client() as c:
         held = hold_slots(c, 2)
-        call = HeldCall(QueueTimeoutUSec=("t", 300_000)) if how == "timed out" else HeldCall()
-        try:
+        options = {"QueueTimeoutUSec": ("t", 300_000)} if how == "timed out" else {}
+        with HeldCall(**options) as call:
             [waiting] = eventually(queue)
             if how != "timed out":
                 c.release(waiting["id"])
@@ -872,8 +882,6 @@ def test_a_held_claim_that_leaves_the_queue_is_answered_with_an_error(pools_daem
                 assert error == "org.resourced.Error.NoSuchClaim"
                 assert reply.body[0] == f"claim {waiting['id']} left the queue: cancelled"
             assert "Cancelled" not in call.members()
-        finally:
-            call.close()
         assert queue() == []
         c.release(held)
 
@@ -881,19 +889,15 @@ def test_a_held_claim_that_leaves_the_queue_is_answered_with_an_error(pools_daem
 def test_get_claim_by_call_finds_a_waiting_claim_for_the_caller_alone(pools_daemon):
     with Client() as c:
         held = hold_slots(c, 2)
-        call = HeldCall()
-        try:
+        with HeldCall() as call:
             [waiting] = eventually(queue)
-            call._stop.set()
-            call._thread.join(5)  # the calls below read the connection themselves
+            call.stop_reading()  # the calls below read the connection themselves
             mine = call_manager("GetClaimByCall", "u", (call.serial,), call.conn)
             assert mine.body[0] == waiting["id"] and mine.body[2]["State"][1] == "queued"
             other = call_manager("GetClaimByCall", "u", (call.serial,))
             assert other.header.fields[HeaderFields.error_name] == "org.resourced.Error.NoSuchClaim"
             unknown = call_manager("GetClaimByCall", "u", (call.serial + 1,), call.conn)
             assert unknown.header.fields[HeaderFields.error_name] == "org.resourced.Error.NoSuchClaim"
-        finally:
-            call.close()
         c.release(held)
 
 
@@ -902,14 +906,11 @@ def test_get_claim_by_call_waits_for_a_claim_still_being_decided(pools_daemon):
     sent right behind it (a client interrupted at once) must still find the claim."""
     with Client() as c:
         held = hold_slots(c, 2)
-        call = HeldCall(then=("GetClaimByCall", "u", (1 << 20,)))
-        try:
+        with HeldCall(then=("GetClaimByCall", "u", (HeldCall.SERIAL,))) as call:
             found = eventually(lambda: call.reply(to=1), what="GetClaimByCall's reply")
             assert found.header.fields.get(HeaderFields.error_name) is None, found.body
             [waiting] = queue()
             assert found.body[0] == waiting["id"] and found.body[2]["State"][1] == "queued"
-        finally:
-            call.close()
         c.release(held)
 
 
