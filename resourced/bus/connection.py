@@ -369,10 +369,16 @@ def eager_methods(bus: MessageBus) -> bool:
 
 def _start(coro) -> asyncio.Future:
     """A task for ``coro`` that has already run until it first waits (done, if it never
-    does), in the calling callback."""
+    does), in the calling callback.
+
+    3.12 and 3.13 have eager tasks, but their ``Task(eager_start=True)`` asks the loop it
+    was given whether it runs, so the loop must be passed: without it (3.12.1, 3.13.0)
+    the call raises AttributeError on None.  3.11 has no eager tasks: the coroutine's
+    first step is taken here by hand, and a task drives the rest (``_go_on``)."""
+    loop = asyncio.get_running_loop()
     if sys.version_info >= (3, 12):
-        return asyncio.Task(coro, eager_start=True)
-    future = asyncio.get_running_loop().create_future()
+        return asyncio.Task(coro, loop=loop, eager_start=True)
+    future = loop.create_future()
     try:
         waiting_on = coro.send(None)
     except StopIteration as done:
