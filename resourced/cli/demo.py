@@ -4,6 +4,10 @@ It never touches a real bus or a real GPU, so it is safe on a busy machine: it s
 private ``dbus-daemon`` and a daemon on 4 simulated GPUs, runs a development claim,
 concurrent one-off jobs (whole GPUs and VRAM shares) and a job that waits in the queue
 through gpuctl, shows ``gpuctl status`` at each step, and stops everything it started.
+
+Each command it runs has the exit code the script expects of it (0, or 3 for the run that
+cannot fit); any other ends the demo with exit 1, naming the step and the command, so that
+a broken daemon cannot pass for a demo that worked.
 """
 
 import os
@@ -15,11 +19,9 @@ import time
 
 import click
 
+from ._errors import EXIT_NOT_ENOUGH_GPUS, GpuctlError
+
 JOB_SECONDS = 2.0
-
-
-def _say(text: str) -> None:
-    click.secho(f"\n== {text}", bold=True)
 
 
 class _Demo:
@@ -37,6 +39,20 @@ class _Demo:
             "RESOURCED_STATE_DIR": os.path.join(self.runtime_dir, "state"),  # nor the calendar
         }
         self.daemon = None
+        self.step = ""
+
+    def say(self, text: str) -> None:
+        """Start a step: its title, which a failure names."""
+        self.step = text
+        click.secho(f"\n== {text}", bold=True)
+
+    def check(self, args, returncode: int, said: str, expect: int = 0) -> None:
+        """End the demo unless ``gpuctl ARGS`` exited ``expect``; ``said``: its output."""
+        if returncode != expect:
+            lines = said.strip().splitlines()
+            raise GpuctlError(
+                f"demo step \"{self.step}\" failed: `gpuctl {' '.join(args)}` exited "
+                f"{returncode}, not {expect}" + (f": {lines[-1]}" if lines else ""))
 
     def start_daemon(self) -> None:
         self.daemon = subprocess.Popen(
@@ -44,18 +60,36 @@ class _Demo:
             env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         deadline = time.monotonic() + 15
-        while self.gpuctl("free", capture=True).returncode != 0:
+        while self.gpuctl("free", capture=True, expect=None).returncode != 0:
             if self.daemon.poll() is not None or time.monotonic() > deadline:
-                raise click.ClickException(f"the daemon did not start: {self.daemon.stderr.read()}")
+                raise GpuctlError(f"the daemon did not start: {self.daemon.stderr.read()}")
             time.sleep(0.05)
 
-    def gpuctl(self, *args: str, capture: bool = False) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "resourced.cli", *args], env=self.env,
-                              capture_output=capture, text=True, timeout=60)
+    def gpuctl(self, *args: str, capture: bool = False, expect: int | None = 0
+               ) -> subprocess.CompletedProcess:
+        """``gpuctl ARGS``, which must exit ``expect`` (None: any code will do).
+
+        Its stderr is read, to name in a failure, and passed on otherwise; its stdout is
+        passed on, or kept in the result with ``capture``."""
+        r = subprocess.run([sys.executable, "-m", "resourced.cli", *args], env=self.env,
+                           stdout=subprocess.PIPE if capture else None,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+        if expect is not None:
+            self.check(args, r.returncode, r.stderr, expect)
+        if not capture:
+            sys.stderr.write(r.stderr)
+        return r
 
     def spawn(self, *args: str) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "resourced.cli", *args], env=self.env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def finish(self, proc: subprocess.Popen, what: str) -> str:
+        """The output of a spawned gpuctl, which must have exited 0."""
+        out, _ = proc.communicate(timeout=60)
+        click.echo(f"{what}: exit {proc.returncode}, {out.strip()}")
+        self.check(proc.args[3:], proc.returncode, out)
+        return out
 
     def status(self) -> None:
         self.gpuctl("status")
@@ -73,40 +107,43 @@ class _Demo:
 def demo(gpus):
     """Show resourced at work on simulated GPUs, on a private bus (safe on a busy machine).
 
+    Exits 1, naming the step, when a command it runs fails where the script expects no
+    failure.
+
     Example: gpuctl demo
     """
-    _say(f"Starting a private bus and a resourced daemon on {gpus} simulated GPUs")
     d = _Demo(gpus)
     try:
+        d.say(f"Starting a private bus and a resourced daemon on {gpus} simulated GPUs")
         d.start_daemon()
         d.status()
 
-        _say("A development claim: 1 GPU kept for this demo's process until released")
+        d.say("A development claim: 1 GPU kept for this demo's process until released")
         ref = d.gpuctl("claim", "--gpus", "1", "--owner-pid", str(os.getpid()),
                        "--task-name", "tune kernels", "--label", "dev", capture=True).stdout.strip()
         click.echo(f"$ gpuctl claim --gpus 1 --owner-pid {os.getpid()} ...  ->  {ref}")
         d.status()
 
-        _say(f"Concurrent one-off jobs for {JOB_SECONDS:.0f} s: one whole GPU, two 30G VRAM "
-             "shares of one GPU, and one asking for 3 whole GPUs, which cannot fit")
+        d.say(f"Concurrent one-off jobs for {JOB_SECONDS:.0f} s: one whole GPU, two 30G VRAM "
+              "shares of one GPU, and one asking for 3 whole GPUs, which cannot fit")
         job = ("import os, time; time.sleep(%s); print('ran on', "
                "os.environ['CUDA_VISIBLE_DEVICES'][-4:], os.environ.get('RESOURCED_VRAM_BYTES', 'whole'))"
                % JOB_SECONDS)
         jobs = [d.spawn("run", *amount, "--task-name", f"job {i}", "--", sys.executable, "-c", job)
                 for i, amount in enumerate([("--gpus", "1"), ("--vram", "30G"), ("--vram", "30G")], 1)]
         time.sleep(JOB_SECONDS / 2)
-        too_big = d.gpuctl("run", "--gpus", "3", "--", "true", capture=True)
+        too_big = d.gpuctl("run", "--gpus", "3", "--", "true", capture=True,
+                           expect=EXIT_NOT_ENOUGH_GPUS)
         click.echo(f"$ gpuctl run --gpus 3 -- true  ->  exit {too_big.returncode}: "
                    f"{too_big.stderr.strip()}")
         d.status()
 
-        _say("The jobs end; their GPUs come back by themselves")
+        d.say("The jobs end; their GPUs come back by themselves")
         for i, p in enumerate(jobs, 1):
-            out, _ = p.communicate(timeout=60)
-            click.echo(f"job {i}: exit {p.returncode}, {out.strip()}")
+            d.finish(p, f"job {i}")
         d.status()
 
-        _say("A job that needs all 4 GPUs waits in the queue (--wait) until the claim is released")
+        d.say("A job that needs all 4 GPUs waits in the queue (--wait) until the claim is released")
         waiter = d.spawn("run", "--gpus", "4", "--wait", "--task-name", "big job", "--",
                          sys.executable, "-c", "import os; print('big job on', "
                          "len(os.environ['CUDA_VISIBLE_DEVICES'].split(',')), 'GPUs')")
@@ -120,16 +157,15 @@ def demo(gpus):
                  "import os; print('meanwhile on the claim', os.environ['RESOURCED_ALLOCATION'])")
         click.echo(f"$ gpuctl release --allocation {ref}")
         d.gpuctl("release", "--allocation", ref)
-        out, _ = waiter.communicate(timeout=60)
-        click.echo(f"waiting job: exit {waiter.returncode}, {out.strip()}")
+        d.finish(waiter, "waiting job")
         d.status()
 
-        _say("The calendar: book 2 GPUs for 2 hours an hour from now, see where 4 would fit")
+        d.say("The calendar: book 2 GPUs for 2 hours an hour from now, see where 4 would fit")
         for args in (("book", "--gpus", "2", "--for", "2h", "--at", "+1h", "--label", "demo"),
                      ("slots", "--gpus", "4", "--for", "1h", "--count", "2"),
                      ("bookings", "--all"), ("timeline", "--hours", "6", "--width", "90")):
             click.echo(f"$ gpuctl {' '.join(args)}")
             d.gpuctl(*args)
-        _say("Done: the private daemon and bus are stopped")
+        d.say("Done: the private daemon and bus are stopped")
     finally:
         d.close()
