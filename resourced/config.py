@@ -18,6 +18,10 @@ wrong::
 Entries of ``[[gpu]]``, ``[[check]]`` and ``[[pool]]`` are named by their position in the
 file counting from 0 (``check[1]`` is the second ``[[check]]``), as in jq or Python.
 
+The predecessor's ``[daemon]`` keys are still read, each with a note (``Config.notes``)
+that ``config check`` prints and the daemon logs at start: ``socket_group`` as
+``access_group``, its name now, and ``nvidia_smi``, which nothing uses (``_OLD_DAEMON``).
+
 Nothing here does I/O beyond reading the one file; the daemon decides what the values
 mean (``runtime_dir = ""`` is "the mode's default", for instance).
 """
@@ -154,6 +158,7 @@ class Config:
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     source: str = ""
+    notes: tuple[str, ...] = ()  # how the file's words of the predecessor's were read
 
     def as_dict(self) -> dict:
         """Plain data (dicts, lists, str, numbers, bools, None) for JSON."""
@@ -438,6 +443,16 @@ _POOL = {
 }
 _SLURM = {"gpus": (_slurm_gpus, False)}
 _RUNNER = {"grace": (_number(0, high=24 * 3600), False)}
+# The predecessor's [daemon] keys: each is read, and noted. A key renamed maps to its name
+# now; nvidia_smi maps to None: checked and not used (the why is in the note).
+_OLD_DAEMON = {
+    "socket_group": "access_group",
+    "nvidia_smi": None,
+}
+_NVIDIA_SMI_UNUSED = (
+    "daemon.nvidia_smi is not used: resourced reads the GPUs through NVML, the library "
+    "nvidia-smi is itself built on, so where NVML cannot be loaded nvidia-smi cannot answer "
+    "either; the line can go")
 _TABLES = ("daemon", "runner", "slurm")
 _ARRAYS = {"gpu": _GPU, "check": _CHECK, "pool": _POOL}
 
@@ -460,15 +475,35 @@ class _Checker:
                 self.unknown(name, value, known)
         tables = {name: self.section(name, doc.get(name, {})) for name in _TABLES}
         entries = {name: self.array(name, doc.get(name, [])) for name in _ARRAYS}
+        daemon, notes = self.old_daemon_keys(tables["daemon"])
         return Config(
-            daemon=DaemonConfig(**self.table(tables["daemon"], "daemon", _DAEMON)),
+            daemon=DaemonConfig(**self.table(daemon, "daemon", _DAEMON)),
             gpus=self.gpus(entries["gpu"]),
             checks=self.checks(entries["check"]),
             pools=self.pools(entries["pool"]),
             slurm=SlurmConfig(**self.table(tables["slurm"], "slurm", _SLURM)),
             runner=RunnerConfig(**self.table(tables["runner"], "runner", _RUNNER)),
             source=self.source,
+            notes=notes,
         )
+
+    def old_daemon_keys(self, table: dict) -> tuple[dict, tuple[str, ...]]:
+        """``[daemon]`` with the predecessor's keys read as today's, and a note for each."""
+        table, notes = dict(table), []
+        for old, new in _OLD_DAEMON.items():
+            if old not in table:
+                continue
+            value = table.pop(old)
+            if new is None:
+                self.value(f"daemon.{old}", value, _string())
+                notes.append(_NVIDIA_SMI_UNUSED)
+            elif new in table and table[new] != value:
+                self.fail(f"daemon.{old}", f"is the old name of {new}, which says "
+                          f"{_show(table[new])}: keep {new} alone")
+            else:
+                table[new] = self.value(f"daemon.{old}", value, _DAEMON[new][0])
+                notes.append(f"daemon.{old} is read as daemon.{new}, the name it has now")
+        return table, tuple(notes)
 
     def unknown(self, key: str, value, known: list[str]):
         name = key.rsplit(".", 1)[-1]

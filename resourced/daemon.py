@@ -349,6 +349,8 @@ async def serve(args: argparse.Namespace) -> int:
         "resourced %s serving %d GPU(s) (%s backend) on the %s bus",
         __version__, len(engine.ledger.gpus), engine.backend.name, args.mode,
     )
+    for note in config.notes:
+        log.warning("%s: %s", config_path, note)
     if os.environ.get("NOTIFY_SOCKET"):  # (read once: so does every notify)
         engine.subscribe(_status_notifier(engine))
     memory.trim()  # what reading the claims and the calendar left behind

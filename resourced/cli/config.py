@@ -48,3 +48,5 @@ def check(file, system, as_json):
         click.echo("no config file found; defaults apply")
     else:
         click.echo(f"{path}: ok")
+        for note in cfg.notes:
+            click.echo(f"{path}: note: {note}")

@@ -623,3 +623,36 @@ def test_reload_ignores_how_a_number_was_written():
     a = parse("[daemon]\nprobe_timeout = 10\n")
     b = parse("[daemon]\nprobe_timeout = 10.0\n")
     assert reload_changes(a, b) == ([], [])
+
+
+def test_socket_group_is_the_access_group_and_says_so():
+    cfg = parse_config('[daemon]\nsocket_group = "gpuusers"\n', "c.toml")
+    assert cfg.daemon.access_group == "gpuusers"
+    assert cfg.notes == ("daemon.socket_group is read as daemon.access_group, the name it "
+                         "has now",)
+
+
+def test_socket_group_beside_the_same_access_group_is_read_once():
+    cfg = parse_config('[daemon]\nsocket_group = "lab"\naccess_group = "lab"\n', "c.toml")
+    assert cfg.daemon.access_group == "lab" and len(cfg.notes) == 1
+
+
+def test_socket_group_that_disagrees_with_access_group_is_refused():
+    with pytest.raises(ConfigError) as err:
+        parse_config('[daemon]\nsocket_group = "lab"\naccess_group = "gpu"\n', "c.toml")
+    assert str(err.value) == ("c.toml: daemon.socket_group: is the old name of access_group, "
+                              "which says 'gpu': keep access_group alone")
+
+
+def test_socket_group_is_checked_as_a_group_name():
+    with pytest.raises(ConfigError) as err:
+        parse_config('[daemon]\nsocket_group = "no spaces"\n', "c.toml")
+    assert "c.toml: daemon.socket_group: must be a valid group name" in str(err.value)
+
+
+def test_nvidia_smi_is_accepted_unused_and_noted():
+    cfg = parse_config('[daemon]\nnvidia_smi = "/usr/bin/nvidia-smi"\n', "c.toml")
+    assert cfg.daemon == DaemonConfig()
+    assert len(cfg.notes) == 1 and cfg.notes[0].startswith("daemon.nvidia_smi is not used")
+    with pytest.raises(ConfigError):
+        parse_config("[daemon]\nnvidia_smi = 3\n", "c.toml")
