@@ -27,7 +27,8 @@ SHARED = "shared"  # a user service hosting a bus of its own for a group (--user
 MODES = (USER, SYSTEM, SHARED)
 
 SYSTEM_UNIT = "resourced.service"
-USER_UNIT = "resourced-user.service"
+USER_UNIT = "resourced.service"  # the predecessor's name: its systemctl and journalctl lines work
+# (its template is systemd/resourced-user.service, beside the system unit of the same name)
 NOTIFY_UNIT = "resourced-notify.service"  # written, never enabled: each user's own choice
 RUNNER_UNIT = "resourced-runner.service"  # started with the user service (system: each user's choice)
 SHARED_UNIT = "resourced-shared.service"

@@ -52,7 +52,7 @@ def _mode(user: bool, system: bool, shared: bool = False) -> str:
 def service():
     """Install, enable or remove the systemd service.
 
-    --user installs resourced-user.service for you alone (one person per machine);
+    --user installs the user unit resourced.service for you alone (one person per machine);
     --system installs resourced.service, run by the 'resourced' account, for everyone;
     --user --shared DIR installs resourced-shared.service: you host a bus of its own in
     DIR for a group, without root (its members run `gpuctl connect DIR`).

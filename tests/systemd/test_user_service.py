@@ -12,7 +12,7 @@ import pytest
 from .conftest import REQUIRED
 from .harness import NGPUS
 
-USER_UNIT = "resourced-user.service"
+USER_UNIT = "resourced.service"
 NOTIFY_UNIT = "resourced-notify.service"
 USER_GPUS = 2  # not NGPUS: the answers must come from her daemon, not the system one
 # The user manager needs logind (systemd) and a session bus for it (dbus-user-session).
@@ -66,13 +66,15 @@ def test_the_user_service_under_systemd_user(service, owner):
 
         ref = ns.gpuctl("claim", "--gpus", "1", "--owner-pid", str(owner("carol")),
                         user=login, env=env).stdout.strip()
-        ns.run("systemctl", "--user", "restart", USER_UNIT, user=login, env=env)
+        # The predecessor's README line, as its users type it (the unit has its name).
+        ns.run("systemctl", "--user", "restart", "resourced", user=login, env=env)
         after = ns.show(USER_UNIT, "MainPID", "StatusText", user_manager=login)
         assert after["MainPID"] != props["MainPID"]
         status = json.loads(ns.gpuctl("status", "--json", user=login, env=env).stdout)
         assert [c["id"] for c in status["claims"]] == [ref]
         assert after["StatusText"].endswith("1 claim(s)")
-        # Its audit lines are in the journal too, under the user unit.
+        # Its audit lines are in the journal too, under the user unit (what
+        # `journalctl --user -u resourced` matches).
         granted = ns.wait_for(lambda: ns.journal(f"RESOURCED_CLAIM={ref}"), 10, "the journal")
         assert granted[0]["_SYSTEMD_USER_UNIT"] == USER_UNIT
         assert granted[0]["_UID"] == str(uid)

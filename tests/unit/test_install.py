@@ -58,7 +58,7 @@ def test_user_plan_goes_to_the_users_xdg_directories(tmp_path):
                                env=HOME_ENV)
 
     files = _contents(plan)
-    unit_path = tmp_path / "home/alice/.config/systemd/user/resourced-user.service"
+    unit_path = tmp_path / "home/alice/.config/systemd/user/resourced.service"
     activation = tmp_path / "home/alice/.local/share/dbus-1/services/org.resourced.service"
     notify = tmp_path / "home/alice/.config/systemd/user/resourced-notify.service"
     runner = tmp_path / "home/alice/.config/systemd/user/resourced-runner.service"
@@ -68,10 +68,10 @@ def test_user_plan_goes_to_the_users_xdg_directories(tmp_path):
     command = f"{sys.executable} -m resourced.daemon --session --config /home/alice/gpus.toml"
     assert f"\nExecStart={command}\n" in files[unit_path]
     assert f"\nExec={command}\n" in files[activation]
-    assert "\nSystemdService=resourced-user.service\n" in files[activation]
+    assert "\nSystemdService=resourced.service\n" in files[activation]
     assert plan.commands == (
         ("systemctl", "--user", "daemon-reload"),
-        ("systemctl", "--user", "enable", "--now", "resourced-user.service",
+        ("systemctl", "--user", "enable", "--now", "resourced.service",
          "resourced-runner.service"),
     )
 
@@ -85,7 +85,7 @@ def test_user_plan_without_config_passes_none():
 def test_absolute_xdg_variables_win_and_relative_ones_are_ignored():
     env = {**HOME_ENV, "XDG_CONFIG_HOME": "/cfg", "XDG_DATA_HOME": "relative/data"}
     paths = [f.path for f in install.plan_enable("user", sys.executable, env=env).write]
-    assert paths == [Path("/cfg/systemd/user/resourced-user.service"),
+    assert paths == [Path("/cfg/systemd/user/resourced.service"),
                      Path("/home/alice/.local/share/dbus-1/services/org.resourced.service"),
                      Path("/cfg/systemd/user/resourced-notify.service"),
                      Path("/cfg/systemd/user/resourced-runner.service")]
@@ -192,7 +192,7 @@ def test_the_runner_unit_starts_with_the_user_service_and_is_offered_to_every_us
                  "KillMode=process"):
         assert f"\n{line}\n" in runner
     assert plan.commands[-1] == ("systemctl", "--user", "enable", "--now",
-                                 "resourced-user.service", "resourced-runner.service")
+                                 "resourced.service", "resourced-runner.service")
     disable = install.plan_disable("user", tmp_path, env=HOME_ENV)
     assert tmp_path / "home/alice/.config/systemd/user/resourced-runner.service" in disable.remove
     assert "resourced-runner.service" in disable.stop[0]  # disabled before it is removed
@@ -263,10 +263,13 @@ def _documentation(unit: str) -> Path:
 def test_every_unit_names_the_readme_that_ships_beside_the_templates(tmp_path):
     plans = (install.plan_enable("user", sys.executable, root=tmp_path, env=HOME_ENV),
              install.plan_enable("system", sys.executable, root=tmp_path), _shared_plan(tmp_path))
-    units = {f.path.name: f.content for plan in plans for f in plan.write
+    units = {f.path: f.content for plan in plans for f in plan.write
              if "systemd" in f.path.parts}
     templates = install.source_dir() / "systemd"
-    assert set(units) == {p.name for p in templates.glob("*.service")}
+    written = {t.source for t in (*install.SYSTEM_FILES, *install.USER_FILES,
+                                  *install.SHARED_FILES) if t.source.startswith("systemd/")
+               and t.source.endswith(".service")}
+    assert written == {f"systemd/{p.name}" for p in templates.glob("*.service")}
     for unit in units.values():
         readme = _documentation(unit)
         assert readme == install.source_dir() / "README.md" and readme.is_file()
@@ -281,4 +284,4 @@ def test_a_readme_under_an_odd_path_is_named_as_systemd_reads_it(tmp_path):
                                sources=sources)
     unit = plan.write[0].content
     assert _documentation(unit) == sources / "README.md"
-    assert_systemd_accepts(tmp_path, "resourced-user.service", unit)
+    assert_systemd_accepts(tmp_path, "resourced.service", unit)

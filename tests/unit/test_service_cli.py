@@ -73,7 +73,7 @@ def test_enable_under_root_stages_the_files_and_runs_nothing(tmp_path, home):
         assert f"wrote {f.path}\n" in done.stdout
     assert done.stdout.endswith(
         "not run (--root): systemctl --user daemon-reload && "
-        "systemctl --user enable --now resourced-user.service resourced-runner.service\n")
+        "systemctl --user enable --now resourced.service resourced-runner.service\n")
     assert not [p for p in _tree(root) if p.name.startswith(".resourced")]  # no temp files left
 
     done = gpuctl("service", "disable", "--user", "--root", str(root), home=home)
@@ -150,8 +150,8 @@ def test_without_systemd_enable_writes_the_files_and_exits_10(
     assert commands[0] == []
     assert err == (
         f"gpuctl: systemd is not running (no {tmp_path}/run-systemd-system), so "
-        "resourced-user.service was not started (the files are written); once it runs: "
-        "systemctl --user daemon-reload && systemctl --user enable --now resourced-user.service "
+        "resourced.service was not started (the files are written); once it runs: "
+        "systemctl --user daemon-reload && systemctl --user enable --now resourced.service "
         "resourced-runner.service\n")
 
 
@@ -180,7 +180,7 @@ def test_with_systemd_enable_writes_then_runs_each_command(
     plan = install.plan_enable("user", sys.executable, str(Path("gpus.toml").absolute()))
     assert all(f.path.read_text() == f.content for f in plan.write)
     assert commands[0] == list(plan.commands)
-    assert out.endswith("resourced-user.service is enabled and running\n")
+    assert out.endswith("resourced.service is enabled and running\n")
     assert "sudo loginctl enable-linger" in err  # lingering is off in the fake linger dir
 
 
@@ -199,7 +199,7 @@ def test_with_systemd_disable_stops_the_unit_before_removing_it(
     monkeypatch.setattr(service_cli.subprocess, "run", stop_sees_the_unit)
     assert main(["service", "disable", "--user"]) == 0
     assert ran == [
-        (("systemctl", "--user", "disable", "--now", "resourced-user.service",
+        (("systemctl", "--user", "disable", "--now", "resourced.service",
           "resourced-runner.service", "resourced-notify.service"), True),
         (("systemctl", "--user", "daemon-reload"), False),
     ]
