@@ -35,7 +35,7 @@ from jeepney import DBusAddress, MatchRule, MessageFlag, MessageType, new_method
 from jeepney.bus_messages import message_bus
 from jeepney.low_level import HeaderFields
 
-from . import shared_address, wire
+from . import sandbox, shared_address, wire
 from .bus.names import (
     BUS_NAME,
     CLAIM_IFACE,
@@ -189,6 +189,7 @@ class _Base:
         self.timeout = timeout
         self.interactive = interactive
         self.bus: str | None = None  # the bus in use, once connected
+        self._session_refused: PermissionError | None = None  # its socket, when looking
 
     # -- messages ----------------------------------------------------------------------
     def _call(self, method: str, signature: str | None = None, body: tuple = ()):
@@ -372,14 +373,22 @@ class _Base:
 
         return [keyed(_plain(report)) for report in body[0]]
 
-    def _unreachable(self, bus: str, exc: Exception) -> DaemonUnreachable:
-        """The bus itself could not be reached (or stopped answering)."""
+    def _unreachable(self, bus: str, exc: Exception) -> ResourcedError:
+        """The bus itself could not be reached (or stopped answering); a socket this
+        process may not open is a sandbox's refusal, in words (``sandbox``)."""
+        if self.bus is None and self._looked_everywhere(bus) and self._session_refused:
+            return sandbox.refused("session", self._session_refused)
+        if isinstance(exc, PermissionError):
+            return sandbox.refused(bus, exc)
         why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         return DaemonUnreachable(f"cannot reach the {bus} bus ({why}){self._tried(bus)}; "
                                  f"start the daemon: {self._hint(bus)}")
 
-    def _not_running(self, bus: str) -> DaemonUnreachable:
-        """The bus answered, but nobody owns org.resourced there."""
+    def _not_running(self, bus: str) -> ResourcedError:
+        """The bus answered, but nobody owns org.resourced there (and where the session
+        bus was refused on the way, that is what to fix)."""
+        if self._looked_everywhere(bus) and self._session_refused is not None:
+            return sandbox.refused("session", self._session_refused)
         return DaemonUnreachable(f"the resourced daemon is not running on the {bus} bus"
                                  f"{self._tried(bus)}; start it: {self._hint(bus)}")
 
@@ -464,6 +473,8 @@ class Client(_Base):
             return self._connect(open_dbus_connection, self._requested_bus), self._requested_bus
         try:
             conn = open_dbus_connection("SESSION")
+        except PermissionError as exc:
+            conn, self._session_refused = None, exc
         except (OSError, KeyError, ValueError):
             conn = None
         if conn is not None:
@@ -939,6 +950,8 @@ class AsyncClient(_Base):
             except (OSError, KeyError, ValueError) as exc:
                 if self._requested_bus or bus == "system":
                     raise self._unreachable(bus, exc) from exc
+                if isinstance(exc, PermissionError):
+                    self._session_refused = exc
                 continue
             if bus == "session" and not self._requested_bus:
                 reply = await router.send_and_get_reply(self._name_has_owner())

@@ -108,6 +108,11 @@ def unreachable(target: SharedTarget, exc: Exception) -> Exception:
     """What a failed connection to the shared bus means, in words."""
     host = _user(target.host_uid)
     if isinstance(exc, PermissionError):
+        socket = os.path.join(target.directory, SOCKET)
+        if os.access(socket, os.R_OK | os.W_OK):  # allowed by its mode: refused by a sandbox
+            from .sandbox import refused
+
+            return refused("shared", exc, socket)
         return not_in_group(target.directory)
     if isinstance(exc, ConnectionRefusedError):
         return DaemonUnreachable(f"the shared bus in {target.directory} is down (its socket is "

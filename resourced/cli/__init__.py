@@ -47,6 +47,11 @@ COMMANDS = {
     "slurm": ("slurm", "slurm", "Print this machine's gres.conf and slurm.conf lines for Slurm."),
 }
 
+ALIASES = {
+    "agent-instructions": ("agent", "instructions"),  # the predecessor's name, in many CLAUDE.md
+}
+"""Other names of subcommands (module, attribute): they run, and are not listed."""
+
 
 class LazyGroup(click.Group):
     """Imports a subcommand's module only when that subcommand runs."""
@@ -55,9 +60,12 @@ class LazyGroup(click.Group):
         return list(COMMANDS)
 
     def get_command(self, ctx, name):
-        if name not in COMMANDS:
+        if name in ALIASES:
+            module, attr = ALIASES[name]
+        elif name in COMMANDS:
+            module, attr, _ = COMMANDS[name]
+        else:
             return None
-        module, attr, _ = COMMANDS[name]
         return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
 
     def format_commands(self, ctx, formatter):

@@ -128,13 +128,34 @@ def recommend(gpus, vram, ram, cpu, duration, bus, as_json):
         click.echo(result["command"])
 
 
+def template(name: str) -> str:
+    """One of the agent templates shipped in the package (``agent_templates/``)."""
+    from importlib.resources import files
+
+    return files(__package__).joinpath("agent_templates", name).read_text(encoding="utf-8")
+
+
 @agent.command()
-def instructions():
+@click.option("--host", "which", flag_value="host",
+              help="The machine-wide guardrails (output, progress, detached jobs, health "
+              "levels) followed by these rules: for the agent's user-level file.")
+@click.option("--project", "which", flag_value="project",
+              help="A starting template for one project's AGENTS.md or CLAUDE.md.")
+def instructions(which):
     """Print the rules an agent follows on this machine (Markdown).
 
-    Example: gpuctl agent instructions > /tmp/gpu-rules.md
+    Without an option: the GPU rules, for an agent's instructions file. Where agents read
+    them: Codex ~/.codex/AGENTS.md; Claude Code ~/.claude/CLAUDE.md, or for every user
+    /etc/claude-code/CLAUDE.md; a project's own AGENTS.md or CLAUDE.md adds to those.
+
+    Example: gpuctl agent instructions --host >> ~/.codex/AGENTS.md
     """
-    click.echo(INSTRUCTIONS, nl=False)
+    if which == "host":
+        click.echo(template("HOST_AGENTS.md") + "\n" + INSTRUCTIONS, nl=False)
+    elif which == "project":
+        click.echo(template("PROJECT_AGENTS.md"), nl=False)
+    else:
+        click.echo(INSTRUCTIONS, nl=False)
 
 
 @agent.group()
