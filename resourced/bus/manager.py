@@ -49,7 +49,13 @@ from ..core.ledger import (
 )
 from ..core.verify import GpuReport
 from ..engine import Engine
-from ..errors import InvalidRequest, left_the_queue
+from ..errors import (
+    AccessDenied,
+    InteractionRequired,
+    InvalidRequest,
+    NotClaimOwner,
+    left_the_queue,
+)
 from ..health_monitor import HealthMonitor
 from .bookings import (
     CHANGE_OPTIONS,
@@ -320,8 +326,21 @@ class ManagerInterface(Interface):
 
     @dbus_method()
     @bus_errors
-    def GetGrant(self, claim_id: "s") -> "a{sv}":
-        return self.view.grant(self.engine.ledger.get(claim_id))
+    async def GetGrant(self, claim_id: "s") -> "a{sv}":
+        """A claim's grant, from which its environment is made: for its own user (and
+        root). Anyone else needs manage, and is told whose claim it is; reading what a
+        claim is (GetClaim, Describe) stays open to all."""
+        caller = await self.credentials.caller()
+        claim = self.engine.ledger.get(claim_id)
+        if caller.uid in (0, claim.uid):
+            return self.view.grant(claim)
+        whose = f"{claim_id} is {claim.user or f'uid {claim.uid}'}'s claim"
+        try:
+            await self.authority.check(current_call.get(), caller.uid, MANAGE, {
+                "claim": claim_id, "owner_uid": str(claim.uid)})
+        except (AccessDenied, InteractionRequired):
+            raise NotClaimOwner(whose) from None
+        return self.view.grant(claim, [f"{whose}: you use it as an administrator"])
 
     @dbus_method()
     @bus_errors

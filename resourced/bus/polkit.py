@@ -50,7 +50,7 @@ METHOD_ACTIONS = {
     (MANAGER_IFACE, "Verify"): READ,
     (MANAGER_IFACE, "Describe"): READ,
     (MANAGER_IFACE, "GetClaim"): READ,
-    (MANAGER_IFACE, "GetGrant"): READ,
+    (MANAGER_IFACE, "GetGrant"): OWNER_OR_MANAGE,
     (MANAGER_IFACE, "GetClaimByCall"): READ,
     (MANAGER_IFACE, "ListClaims"): READ,
     (MANAGER_IFACE, "ListGPUs"): READ,

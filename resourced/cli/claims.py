@@ -410,7 +410,9 @@ def env(allocation, use_index, bus, as_json):
     Example: eval "$(gpuctl env --allocation c4x9k2a)"
     """
     with client(bus) as c:
-        variables = c.allocation(allocation, use_index)["env"]
+        granted = c.allocation(allocation, use_index)
+    _warn(granted["warnings"])
+    variables = granted["env"]
     if as_json:
         emit_json(variables)
     else:

@@ -227,6 +227,33 @@ def test_cannot_name_another_users_process_as_owner(rig, owner):
     assert status(rig)["claims"] == []
 
 
+NOT_CLAIM_OWNER = "org.resourced.Error.NotClaimOwner"
+
+
+@pytest.mark.parametrize("key", ["dave", "bob"])
+def test_nobody_runs_on_or_takes_the_environment_of_another_users_claim(rig, key):
+    """One GPU to two users: what gpuctl run/env --allocation did with someone else's
+    claim, since GetGrant had no owner check."""
+    ref = claim(rig, "alice")
+    whose = f"{ref} is {rig.login('alice')}'s claim"
+    for args in (["run", "--allocation", ref, "--", "sh", "-c", "echo RAN"],
+                 ["env", "--allocation", ref]):
+        cp = rig.gpuctl(key, *args)
+        refused(cp, EXIT_NOT_YOURS)
+        assert whose in cp.stderr and "RAN" not in cp.stdout and "GPU-" not in cp.stdout
+    result = rig.call(key, "GetGrant", "s", (ref,))
+    assert error_name(result) == NOT_CLAIM_OWNER and whose in result["message"], result
+    assert "error" not in rig.call(key, "GetClaim", "s", (ref,))  # reading stays open
+    assert ok(rig.gpuctl("alice", "env", "--allocation", ref)).count("GPU-") >= 1
+
+
+def test_an_administrator_takes_another_users_claim_environment_saying_so(rig):
+    ref = claim(rig, "alice")
+    cp = rig.gpuctl("carol", "env", "--allocation", ref)
+    assert "GPU-" in ok(cp)
+    assert f"{ref} is {rig.login('alice')}'s claim: you use it as an administrator" in cp.stderr
+
+
 # -- reading -----------------------------------------------------------------------------
 @pytest.mark.parametrize("key", EVERYONE)
 def test_everyone_can_read(rig, key):
