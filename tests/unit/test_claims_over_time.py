@@ -58,7 +58,7 @@ def uuid(i: int) -> str:
     return f"GPU-{i:02d}"
 
 
-def setup(n: int = 2, memory: list[int] | None = None) -> tuple[Ledger, Calendar]:
+def ledger_and_calendar(n: int = 2, memory: list[int] | None = None) -> tuple[Ledger, Calendar]:
     """A ledger with ``n`` GPUs (16G each unless told) and a pool ``cpu`` of 8, and a
     calendar booking on its timeline."""
     memory = memory or [16 * GIB] * n
@@ -150,7 +150,7 @@ def check_every_instant(timeline) -> None:
 
 
 def test_a_claim_on_a_gpu_booked_later_is_granted_until_the_booking_starts():
-    ledger, cal = setup(1)
+    ledger, cal = ledger_and_calendar(1)
     b = book(cal, booking_request(gpus=1, at=H), "b1")
     claim = grant(ledger, claim_request(gpus=1), "c1")
     assert claim.gpus == (uuid(0),)
@@ -162,7 +162,7 @@ def test_a_claim_on_a_gpu_booked_later_is_granted_until_the_booking_starts():
 
 @pytest.mark.parametrize("booked", [0, 1])
 def test_a_free_gpu_with_no_booking_ahead_is_placed_first_and_held_for_good(booked):
-    ledger, cal = setup(2)
+    ledger, cal = ledger_and_calendar(2)
     book(cal, booking_request(gpus=1, at=H, named=(uuid(booked),)), "b1")
     claim = grant(ledger, claim_request(gpus=1), "c1")
     assert claim.gpus == (uuid(1 - booked),)
@@ -172,7 +172,7 @@ def test_a_free_gpu_with_no_booking_ahead_is_placed_first_and_held_for_good(book
 
 
 def test_of_two_booked_gpus_the_one_booked_later_is_placed_first():
-    ledger, cal = setup(2)
+    ledger, cal = ledger_and_calendar(2)
     book(cal, booking_request(gpus=1, at=3 * H, named=(uuid(0),)), "late")
     book(cal, booking_request(gpus=1, at=H, named=(uuid(1),)), "soon")
     claim = grant(ledger, claim_request(gpus=1), "c1")
@@ -181,7 +181,7 @@ def test_of_two_booked_gpus_the_one_booked_later_is_placed_first():
 
 
 def test_a_vram_share_goes_to_the_unbooked_gpu_too_then_to_the_tightest_fit():
-    ledger, cal = setup(3, [16 * GIB, 16 * GIB, 24 * GIB])
+    ledger, cal = ledger_and_calendar(3, [16 * GIB, 16 * GIB, 24 * GIB])
     book(cal, booking_request(gpus=1, at=H, named=(uuid(0),)), "b1")
     first = grant(ledger, claim_request(vram=4 * GIB), "c1")
     assert first.gpus == (uuid(1),) and first.until_usec == 0  # not GPU-00, booked at 1h
@@ -191,7 +191,7 @@ def test_a_vram_share_goes_to_the_unbooked_gpu_too_then_to_the_tightest_fit():
 
 
 def test_a_claims_own_end_is_kept_when_it_comes_before_the_booking():
-    ledger, cal = setup(1)
+    ledger, cal = ledger_and_calendar(1)
     book(cal, booking_request(gpus=1, at=H), "b1")
     early = grant(ledger, claim_request(gpus=1, end=NOW + 30 * M), "early")
     assert (early.until_usec, early.until_booking) == (NOW + 30 * M, "")
@@ -205,7 +205,7 @@ def test_a_claims_own_end_is_kept_when_it_comes_before_the_booking():
 
 
 def test_a_claims_own_end_holds_when_nothing_is_booked():
-    ledger, cal = setup(1)
+    ledger, cal = ledger_and_calendar(1)
     claim = grant(ledger, claim_request(gpus=1, end=NOW + H), "c1")
     assert (claim.until_usec, claim.until_booking) == (NOW + H, "")
     b = book(cal, booking_request(gpus=1, duration=H), "b1")  # the earliest fit: at its end
@@ -217,7 +217,7 @@ def test_a_claims_own_end_holds_when_nothing_is_booked():
 
 
 def test_no_booking_is_admitted_over_an_open_ended_claims_gpu():
-    ledger, cal = setup(2)
+    ledger, cal = ledger_and_calendar(2)
     grant(ledger, claim_request(gpus=1), "c1")  # GPU-00, for good
     with pytest.raises(NotEnoughCapacity):
         book(cal, booking_request(gpus=1, at=H, named=(uuid(0),)), "b1")
@@ -235,7 +235,7 @@ def test_no_booking_is_admitted_over_an_open_ended_claims_gpu():
 
 
 def test_no_booking_takes_a_shared_gpu_whole_or_more_vram_than_an_open_share_leaves():
-    ledger, cal = setup(1)
+    ledger, cal = ledger_and_calendar(1)
     grant(ledger, claim_request(vram=10 * GIB), "c1")
     with pytest.raises(NotEnoughCapacity):
         book(cal, booking_request(gpus=1, at=H), "b1")
@@ -252,7 +252,7 @@ def test_no_booking_takes_a_shared_gpu_whole_or_more_vram_than_an_open_share_lea
 
 
 def test_cancelling_the_booking_frees_the_claims_until():
-    ledger, cal = setup(1)
+    ledger, cal = ledger_and_calendar(1)
     book(cal, booking_request(gpus=1, at=H), "b1")
     grant(ledger, claim_request(gpus=1), "c1")
     cal.cancel("b1", ALICE, NOW)
@@ -267,7 +267,7 @@ def test_cancelling_the_booking_frees_the_claims_until():
 
 
 def test_after_a_cancel_the_claim_is_granted_until_the_next_booking_or_its_own_end():
-    ledger, cal = setup(1)
+    ledger, cal = ledger_and_calendar(1)
     book(cal, booking_request(gpus=1, at=H), "b1")
     book(cal, booking_request(gpus=1, at=3 * H), "b2")
     grant(ledger, claim_request(gpus=1, end=NOW + 5 * H), "c1")
@@ -283,7 +283,7 @@ def test_after_a_cancel_the_claim_is_granted_until_the_next_booking_or_its_own_e
 
 
 def test_moving_the_booking_later_moves_the_claims_until_and_a_refresh_of_others_changes_nothing():
-    ledger, cal = setup(1)
+    ledger, cal = ledger_and_calendar(1)
     b = book(cal, booking_request(gpus=1, at=H), "b1")
     grant(ledger, claim_request(gpus=1), "c1")
     cal.edit("b1", replace(b.request, start_usec=NOW + 2 * H), ALICE, NOW)
@@ -294,7 +294,7 @@ def test_moving_the_booking_later_moves_the_claims_until_and_a_refresh_of_others
 
 
 def test_a_reclaimable_claims_until_is_freed_when_its_booking_is_cancelled():
-    ledger, cal = setup(1)
+    ledger, cal = ledger_and_calendar(1)
     book(cal, booking_request(gpus=1, at=H), "b1")
     claim = grant(ledger, claim_request(gpus=1, reclaimable=True), "c1")
     assert claim.until_booking == "b1"
@@ -310,7 +310,7 @@ def test_a_reclaimable_claims_until_is_freed_when_its_booking_is_cancelled():
 ])
 def test_an_until_is_freed_when_a_booking_it_collides_with_only_in_sum_goes_away(
         long, short, claimed):
-    ledger, cal = setup(1)
+    ledger, cal = ledger_and_calendar(1)
     book(cal, booking_request(**long, at=H, duration=2 * H), "long")
     book(cal, booking_request(**short, at=2 * H), "short")
     claim = grant(ledger, claim_request(**claimed), "c1")  # over from "short" on
@@ -322,7 +322,7 @@ def test_an_until_is_freed_when_a_booking_it_collides_with_only_in_sum_goes_away
 
 
 def test_a_pool_claims_until_is_freed_when_the_claim_beside_it_is_released():
-    ledger, cal = setup(1)
+    ledger, cal = ledger_and_calendar(1)
     book(cal, booking_request(cpu=2, at=H), "b1")
     grant(ledger, claim_request(cpu=4), "first")      # 4 + 2 fits: for good
     claim = grant(ledger, claim_request(cpu=3), "c1")  # 4 + 3 + 2 > 8 from b1 on
@@ -335,7 +335,7 @@ def test_a_pool_claims_until_is_freed_when_the_claim_beside_it_is_released():
 
 
 def test_at_its_start_a_booking_asks_the_overdue_claim_back_and_gets_exactly_its_gpus():
-    ledger, cal = setup(3)
+    ledger, cal = ledger_and_calendar(3)
     b = book(cal, booking_request(gpus=2, at=H), "b1")
     assert b.gpus == (uuid(0), uuid(1))
     grant(ledger, claim_request(gpus=1), "c0")               # GPU-02: never booked, for good
@@ -362,7 +362,7 @@ def test_at_its_start_a_booking_asks_the_overdue_claim_back_and_gets_exactly_its
 
 
 def test_a_booking_whose_gpus_are_free_at_its_start_is_granted_at_once():
-    ledger, cal = setup(2)
+    ledger, cal = ledger_and_calendar(2)
     b = book(cal, booking_request(vram=8 * GIB, cpu=2, at=H), "b1")
     grant(ledger, claim_request(gpus=1), "c1")  # not on b1's GPU: for good
     assert ledger.claims["c1"].until_usec == 0
@@ -379,7 +379,7 @@ def test_a_booking_whose_gpus_are_free_at_its_start_is_granted_at_once():
 
 @pytest.mark.parametrize("amount, until", [(4, 0), (5, NOW + H), (8, NOW + H)])
 def test_a_pool_claim_is_granted_until_a_booking_needs_the_pool(amount, until):
-    ledger, cal = setup(1)
+    ledger, cal = ledger_and_calendar(1)
     book(cal, booking_request(cpu=4, at=H), "b1")
     claim = grant(ledger, claim_request(cpu=amount), "c1")
     assert claim.until_usec == until and claim.until_booking == ("b1" if until else "")
@@ -387,7 +387,7 @@ def test_a_pool_claim_is_granted_until_a_booking_needs_the_pool(amount, until):
 
 
 def test_pool_claims_beside_each_other_until_the_sum_would_exceed_the_capacity():
-    ledger, cal = setup(1)
+    ledger, cal = ledger_and_calendar(1)
     book(cal, booking_request(cpu=4, at=H, duration=2 * H), "b1")
     assert grant(ledger, claim_request(cpu=3), "c1").until_usec == 0      # 3 + 4 fits
     assert grant(ledger, claim_request(cpu=1), "c2").until_usec == 0      # 3 + 1 + 4 = 8
@@ -404,7 +404,7 @@ def test_pool_claims_beside_each_other_until_the_sum_would_exceed_the_capacity()
 
 
 def test_an_overdue_pool_claim_is_asked_back_for_the_booking():
-    ledger, cal = setup(1)
+    ledger, cal = ledger_and_calendar(1)
     b = book(cal, booking_request(cpu=6, at=H), "b1")
     grant(ledger, claim_request(cpu=2), "stays")
     grant(ledger, claim_request(cpu=6), "goes")
@@ -487,7 +487,7 @@ SIZES = {"gpus": [1, 2, 3], "vram": [4 * GIB, 8 * GIB, 12 * GIB], "cpu": [1, 3, 
 class ClaimsOverTime(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        self.ledger, self.cal = setup(3, [16 * GIB, 16 * GIB, 24 * GIB])
+        self.ledger, self.cal = ledger_and_calendar(3, [16 * GIB, 16 * GIB, 24 * GIB])
         self.engine = Engine(self.ledger, self.cal)
         self.now = NOW
         self.n = 0
