@@ -31,18 +31,19 @@ def test_a_method_that_never_waits_is_done_when_started():
 def test_a_method_that_waits_ran_to_its_first_wait_and_finishes_later():
     steps = []
 
-    async def method():
+    async def method(answer: asyncio.Future):
         steps.append("before")
-        await asyncio.sleep(0)
-        steps.append("after")
+        steps.append(await answer)
         return "done"
 
     async def check():
-        task = _start(method())
+        answer = asyncio.get_running_loop().create_future()
+        task = _start(method(answer))
         seen = list(steps), task.done()
-        return seen, await task
+        answer.set_result("after")
+        return seen, await asyncio.wait_for(task, 5), steps
 
-    assert asyncio.run(check()) == ((["before"], False), "done")
+    assert asyncio.run(check()) == ((["before"], False), "done", ["before", "after"])
 
 
 def test_a_method_that_fails_at_once_holds_its_error_for_the_reply():
