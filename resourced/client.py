@@ -376,8 +376,8 @@ class _Base:
     def _unreachable(self, bus: str, exc: Exception) -> ResourcedError:
         """The bus itself could not be reached (or stopped answering); a socket this
         process may not open is a sandbox's refusal, in words (``sandbox``)."""
-        if self.bus is None and self._looked_everywhere(bus) and self._session_refused:
-            return sandbox.refused("session", self._session_refused)
+        if self.bus is None and (refusal := self._session_refusal(bus)):
+            return refusal
         if isinstance(exc, PermissionError):
             return sandbox.refused(bus, exc)
         why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
@@ -387,10 +387,17 @@ class _Base:
     def _not_running(self, bus: str) -> ResourcedError:
         """The bus answered, but nobody owns org.resourced there (and where the session
         bus was refused on the way, that is what to fix)."""
-        if self._looked_everywhere(bus) and self._session_refused is not None:
-            return sandbox.refused("session", self._session_refused)
+        if refusal := self._session_refusal(bus):
+            return refusal
         return DaemonUnreachable(f"the resourced daemon is not running on the {bus} bus"
                                  f"{self._tried(bus)}; start it: {self._hint(bus)}")
+
+    def _session_refusal(self, bus: str) -> ResourcedError | None:
+        """Where both buses were looked at and the session bus's socket was refused on
+        the way (a sandbox, most often): that refusal, the thing to fix."""
+        if self._looked_everywhere(bus) and self._session_refused is not None:
+            return sandbox.refused("session", self._session_refused)
+        return None
 
     def _looked_everywhere(self, bus: str) -> bool:
         return not self._requested_bus and bus == "system"

@@ -12,6 +12,7 @@ import pwd
 from collections import namedtuple
 
 from .errors import AccessDenied, DaemonUnreachable
+from .sandbox import refused
 from .xdg import base_dir
 
 SOCKET = "bus"
@@ -110,8 +111,6 @@ def unreachable(target: SharedTarget, exc: Exception) -> Exception:
     if isinstance(exc, PermissionError):
         socket = os.path.join(target.directory, SOCKET)
         if os.access(socket, os.R_OK | os.W_OK):  # allowed by its mode: refused by a sandbox
-            from .sandbox import refused
-
             return refused("shared", exc, socket)
         return not_in_group(target.directory)
     if isinstance(exc, ConnectionRefusedError):

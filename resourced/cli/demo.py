@@ -22,6 +22,7 @@ import click
 from ._errors import EXIT_NOT_ENOUGH_GPUS, GpuctlError
 
 JOB_SECONDS = 2.0
+GPUCTL = (sys.executable, "-m", "resourced.cli")
 
 
 class _Demo:
@@ -71,7 +72,7 @@ class _Demo:
 
         Its stderr is read, to name in a failure, and passed on otherwise; its stdout is
         passed on, or kept in the result with ``capture``."""
-        r = subprocess.run([sys.executable, "-m", "resourced.cli", *args], env=self.env,
+        r = subprocess.run([*GPUCTL, *args], env=self.env,
                            stdout=subprocess.PIPE if capture else None,
                            stderr=subprocess.PIPE, text=True, timeout=60)
         if expect is not None:
@@ -81,15 +82,14 @@ class _Demo:
         return r
 
     def spawn(self, *args: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "resourced.cli", *args], env=self.env,
+        return subprocess.Popen([*GPUCTL, *args], env=self.env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    def finish(self, proc: subprocess.Popen, what: str) -> str:
-        """The output of a spawned gpuctl, which must have exited 0."""
+    def finish(self, proc: subprocess.Popen, what: str) -> None:
+        """Show the output of a spawned gpuctl, which must have exited 0."""
         out, _ = proc.communicate(timeout=60)
         click.echo(f"{what}: exit {proc.returncode}, {out.strip()}")
-        self.check(proc.args[3:], proc.returncode, out)
-        return out
+        self.check(proc.args[len(GPUCTL):], proc.returncode, out)
 
     def status(self) -> None:
         self.gpuctl("status")
