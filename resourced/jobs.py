@@ -36,6 +36,7 @@ import sys
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from .atomic_file import write_atomically
 from .xdg import base_dir
 
 PENDING, RUNNING = "pending", "running"
@@ -234,28 +235,6 @@ def job_path(directory: Path, booking_id: str, suffix: str = ".json") -> Path:
     if not valid_id(booking_id):
         raise JobError(f"{booking_id!r} is not a booking reference")
     return directory / f"{booking_id}{suffix}"
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """``path`` holds ``text`` whole or is as it was: a 0600 temporary file beside it,
-    fsync, rename, fsync of the directory."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def save(directory: Path, job: Job) -> None:
