@@ -723,6 +723,16 @@ class Client(_Base):
         """A bare round trip to the daemon (org.freedesktop.DBus.Peer.Ping)."""
         self._send(_method_call(_PEER, "Ping"))
 
+    def metrics(self) -> str:
+        """The daemon's metrics in the Prometheus text format (``gpuctl metrics``)."""
+        return self._send(self._call("Metrics"))[0]
+
+    def diagnose(self) -> list[dict]:
+        """The daemon's own checks (``gpuctl doctor``): id, status, summary, fix, detail."""
+        import json
+
+        return json.loads(self._send(self._call("Diagnose"))[0])
+
     # -- bookings (see booking_calls for the arguments) --------------------------------
     def book(self, duration, gpus=None, start=None, **request) -> dict:
         """Reserve a window: ``{"status": "created" | "exists", "booking": {...}}``.
@@ -1191,6 +1201,14 @@ class AsyncClient(_Base):
 
     async def ping(self) -> None:
         await self._send(_method_call(_PEER, "Ping"))
+
+    async def metrics(self) -> str:
+        return (await self._send(self._call("Metrics")))[0]
+
+    async def diagnose(self) -> list[dict]:
+        import json
+
+        return json.loads((await self._send(self._call("Diagnose")))[0])
 
     async def close(self) -> None:
         if self._router_cm is not None:

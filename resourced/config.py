@@ -148,6 +148,14 @@ class SlurmConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """``[metrics]``: ``textfile``, a file the daemon keeps holding its metrics for
+    node_exporter's textfile collector ("" for none)."""
+
+    textfile: str = ""
+
+
+@dataclass(frozen=True)
 class Config:
     """A whole configuration; ``source`` is the file it came from, "" for the defaults."""
 
@@ -157,6 +165,7 @@ class Config:
     pools: tuple[PoolEntry, ...] = ()
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     source: str = ""
     notes: tuple[str, ...] = ()  # how the file's words of the predecessor's were read
 
@@ -354,6 +363,17 @@ def _directory(value):
     return value
 
 
+def _textfile(value):
+    if value == "":
+        return value
+    if not isinstance(value, str) or not os.path.isabs(value) or "\0" in value:
+        raise _Bad(f'must be an absolute path, or "" for none, not {_show(value)}')
+    if not value.endswith(".prom"):
+        raise _Bad(f"must end in .prom (node_exporter's textfile collector reads only "
+                   f"those), not {_show(value)}")
+    return value
+
+
 def _capacity(value):
     try:
         if isinstance(value, (str, int)) and not isinstance(value, bool):
@@ -443,6 +463,7 @@ _POOL = {
 }
 _SLURM = {"gpus": (_slurm_gpus, False)}
 _RUNNER = {"grace": (_number(0, high=24 * 3600), False)}
+_METRICS = {"textfile": (_textfile, False)}
 # The predecessor's [daemon] keys: each is read, and noted. A key renamed maps to its name
 # now; nvidia_smi maps to None: checked and not used (the why is in the note).
 _OLD_DAEMON = {
@@ -453,7 +474,7 @@ _NVIDIA_SMI_UNUSED = (
     "daemon.nvidia_smi is not used: resourced reads the GPUs through NVML, the library "
     "nvidia-smi is itself built on, so where NVML cannot be loaded nvidia-smi cannot answer "
     "either; the line can go")
-_TABLES = ("daemon", "runner", "slurm")
+_TABLES = ("daemon", "runner", "slurm", "metrics")
 _ARRAYS = {"gpu": _GPU, "check": _CHECK, "pool": _POOL}
 
 CHECK_TYPES = ("ram", "disk")
@@ -483,6 +504,7 @@ class _Checker:
             pools=self.pools(entries["pool"]),
             slurm=SlurmConfig(**self.table(tables["slurm"], "slurm", _SLURM)),
             runner=RunnerConfig(**self.table(tables["runner"], "runner", _RUNNER)),
+            metrics=MetricsConfig(**self.table(tables["metrics"], "metrics", _METRICS)),
             source=self.source,
             notes=notes,
         )
@@ -625,7 +647,7 @@ def reload_changes(old: Config, new: Config) -> tuple[list[str], list[str]]:
     """What differs from ``old`` to ``new``: (keys applied live, keys that need a restart).
 
     Keys are ``daemon.<name>`` for ``[daemon]``, ``gpu``, ``check``, ``pool`` for the
-    arrays and ``slurm``, in that order.  The runtime directory, persistence, the set of
+    arrays, ``slurm`` and ``metrics``, in that order.  The runtime directory, persistence, the set of
     GPUs and Slurm's share of them are fixed for the life of a daemon; everything else it
     can take on the fly.  ``[runner]`` is not the daemon's, and not compared.
     """
@@ -633,7 +655,8 @@ def reload_changes(old: Config, new: Config) -> tuple[list[str], list[str]]:
         f"daemon.{f.name}" for f in dataclasses.fields(DaemonConfig)
         if getattr(old.daemon, f.name) != getattr(new.daemon, f.name)
     ]
-    for key, attr in (("gpu", "gpus"), ("check", "checks"), ("pool", "pools"), ("slurm", "slurm")):
+    for key, attr in (("gpu", "gpus"), ("check", "checks"), ("pool", "pools"), ("slurm", "slurm"),
+                      ("metrics", "metrics")):
         if getattr(old, attr) != getattr(new, attr):
             changed.append(key)
     live = [k for k in changed if k not in _RESTART]

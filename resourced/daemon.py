@@ -36,7 +36,9 @@ from .evidence.host import host_pools
 from .evidence.processes import boot_id
 from .health_monitor import HealthMonitor
 from .jsonlog import StoreBusy, StoreError
+from .metrics import Metrics, Textfile
 from .sd import notify, reloading, run_watchdog, setup_logging, watchdog_interval
+from .self_check import diagnose
 from .shared_bus import SharedBus, SharedBusError, SharedBusTaken
 from .simclock import clock_from_env
 from .store import ClaimStore
@@ -141,12 +143,15 @@ def _status_notifier(engine: Engine):
 class Reloader:
     """Re-reads the configuration file and applies what needs no restart."""
 
-    def __init__(self, path: Path | None, config: Config, engine: Engine, health: HealthMonitor):
+    def __init__(self, path: Path | None, config: Config, engine: Engine, health: HealthMonitor,
+                 metrics: Metrics, textfile: Textfile):
         self.path = path
         self.config = config
         self.started = config  # what needs a restart is what differs from this
         self.engine = engine
         self.health = health
+        self.metrics = metrics
+        self.textfile = textfile
 
     def reload(self) -> tuple[list[str], list[str]]:
         """(keys applied, keys that need a restart); ConfigError keeps the old config."""
@@ -162,6 +167,8 @@ class Reloader:
         restart = reload_changes(self.started, new)[1]
         self.engine.apply_settings(new.daemon)
         self.health.apply(new.checks, new.daemon.sample_interval, new.daemon.probe_timeout)
+        self.metrics.refresh = new.daemon.sample_interval
+        self.textfile.move(new.metrics.textfile)
         self.config = new
         log.info("configuration reloaded from %s; applied: %s; needs a restart: %s",
                  self.path or "defaults", ", ".join(applied) or "nothing",
@@ -326,10 +333,17 @@ async def serve(args: argparse.Namespace) -> int:
     health = HealthMonitor(config.checks, config.daemon.sample_interval,
                            config.daemon.probe_timeout)
     await health.sample_now()  # so the first answer never shows "not measured yet"
-    reloader = Reloader(config_path, config, engine, health)
-    manager = ManagerInterface(bus, engine, args.mode, health, reloader.reload,
-                               shared_access(shared) if shared else None)
+    metrics = Metrics(engine, health, args.mode, _count_start(usage, engine),
+                      config.daemon.sample_interval)
+    textfile = Textfile(metrics, config.metrics.textfile)
+    reloader = Reloader(config_path, config, engine, health, metrics, textfile)
+    manager = ManagerInterface(
+        bus, engine, args.mode, health, reloader.reload,
+        shared_access(shared) if shared else None, metrics,
+        lambda: diagnose(engine, {"runtime": runtime, "state": state}, len(config.gpus)))
     manager.export()
+    engine.subscribe(textfile.changed)
+    health.on_sample(textfile.write)
     sampling = asyncio.ensure_future(health.run())
     if not args.replace:
         try:
@@ -354,6 +368,7 @@ async def serve(args: argparse.Namespace) -> int:
     if os.environ.get("NOTIFY_SOCKET"):  # (read once: so does every notify)
         engine.subscribe(_status_notifier(engine))
     memory.trim()  # what reading the claims and the calendar left behind
+    textfile.write()
     notify("READY=1", f"STATUS={status_line(engine)}")
     interval = watchdog_interval()
     watchdog = asyncio.ensure_future(run_watchdog(interval)) if interval else None
@@ -379,6 +394,7 @@ async def serve(args: argparse.Namespace) -> int:
     notify("STOPPING=1")
     stopping.cancel()
     sampling.cancel()
+    textfile.close()
     health.close()
     if watchdog:
         watchdog.cancel()
@@ -398,6 +414,15 @@ async def serve(args: argparse.Namespace) -> int:
         await disconnected
     await _close_shared(shared)
     return EXIT_OK
+
+
+def _count_start(usage: UsageStore, engine: Engine) -> int:
+    """Note this start in the usage history; the starts so far (0 if it cannot say)."""
+    try:
+        return usage.record_start(engine.clock(), __version__)
+    except sqlite3.Error as exc:
+        log.error("cannot count this start in %s: %s", usage.path, exc)
+        return 0
 
 
 async def _close_shared(shared: SharedBus | None) -> None:

@@ -219,6 +219,64 @@ def plan_disable(
                 prune=prune)
 
 
+def unit_name(mode: str) -> str:
+    _check_mode(mode)
+    return _unit(mode)
+
+
+def unit_path(mode: str, root: str | os.PathLike = "/", *,
+              env: Mapping[str, str] | None = None) -> Path:
+    """Where ``mode``'s unit file goes (the first of its files)."""
+    _check_mode(mode)
+    return _under(root, _targets(mode, env)[0][1])
+
+
+def installed_modes(root: str | os.PathLike = "/", *, env: Mapping[str, str] | None = None
+                    ) -> list[str]:
+    """The modes whose unit file is in place (``gpuctl doctor``)."""
+    return [mode for mode in MODES if unit_path(mode, root, env=env).is_file()]
+
+
+def drift(mode: str, root: str | os.PathLike = "/", *, env: Mapping[str, str] | None = None,
+          sources: Path | None = None) -> list[tuple[Path, str]]:
+    """What differs from what ``plan_enable`` writes for ``mode``: (path, problem) for each
+    file missing or changed.  A placeholder's value (interpreter, config, group) may be any
+    that enable could have written; the rest must be as the template has it."""
+    sources = sources or source_dir()
+    found = []
+    for template, target in _targets(mode, env):
+        path = _under(root, target)
+        try:
+            written = path.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            found.append((path, "missing"))
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            found.append((path, f"unreadable ({getattr(exc, 'strerror', None) or exc})"))
+            continue
+        wanted = _read(sources, template.source).splitlines()
+        for number, (line, pattern) in enumerate(zip(written, wanted), 1):
+            if not _line_pattern(pattern, template.syntax).fullmatch(line.rstrip()):
+                found.append((path, f"line {number} differs from the template {template.source}"))
+                break
+        else:
+            if len(written) != len(wanted):
+                found.append((path, f"has {len(written)} lines where the template "
+                              f"{template.source} has {len(wanted)}"))
+    return found
+
+
+def _line_pattern(line: str, syntax: str) -> re.Pattern:
+    """A template line as a pattern: each placeholder any text (an empty value takes the
+    space before it too, as ``render`` leaves it)."""
+    if syntax == PLAIN:
+        return re.compile(re.escape(line.rstrip()))
+    parts = re.split(r"( ?@[A-Z][A-Z_]*@)", line.rstrip())
+    return re.compile("".join(
+        ("(?: .*)?" if part.startswith(" ") else ".*") if PLACEHOLDER.fullmatch(part.strip())
+        else re.escape(part) for part in parts))
+
+
 def render(text: str, values: Mapping[str, list[str]], syntax: str) -> str:
     """``text`` with each ``@NAME@`` replaced by the words ``values[NAME]``, quoted for ``syntax``."""
 

@@ -1,9 +1,10 @@
 """The usage history: ``usage.sqlite`` in the state directory (which the calendar's store
 holds locked for the daemon's life).
 
-Two tables: ``holds`` (one row per ended claim or booking: who, which GPUs, when, and the
-time a process of its owner was seen on them) and ``load`` (per GPU, the sums of
-utilisation and memory samples in buckets of a minute, an hour and a day).  Old rows go
+Three tables: ``holds`` (one row per ended claim or booking: who, which GPUs, when, and
+the time a process of its owner was seen on them), ``load`` (per GPU, the sums of
+utilisation and memory samples in buckets of a minute, an hour and a day) and ``starts``
+(one row per start of the daemon, for its metrics' restarts).  Old rows go
 by the retention settings, so the file stays bounded: minutes go first, then hours;
 holds and days last.  WAL with synchronous=NORMAL: a commit does not wait for the disk
 (a crash may lose the last few samples, never the file).  The engine writes the holds
@@ -28,6 +29,7 @@ CREATE TABLE IF NOT EXISTS load (
     gpu TEXT NOT NULL, resolution INTEGER NOT NULL, bucket INTEGER NOT NULL,
     samples INTEGER NOT NULL, utilization_sum REAL NOT NULL, memory_sum REAL NOT NULL,
     PRIMARY KEY (resolution, bucket, gpu)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS starts (start_usec INTEGER NOT NULL, version TEXT NOT NULL);
 """
 
 
@@ -46,6 +48,12 @@ class UsageStore:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
         self.path.chmod(0o600)
+
+    def record_start(self, now: int, version: str) -> int:
+        """Note a start of the daemon; how many starts this state directory has seen."""
+        with self.db:
+            self.db.execute("INSERT INTO starts VALUES (?, ?)", (now, version))
+        return self.db.execute("SELECT count(*) FROM starts").fetchone()[0]
 
     def record_holds(self, holds: list[Hold]) -> None:
         """Several holds in one transaction."""

@@ -3,12 +3,16 @@
 import functools
 import inspect
 import logging
+from collections import Counter
 
 from dbus_fast import DBusError, Message
 
 from ..errors import Internal, ResourcedError
 
 log = logging.getLogger("resourced")
+
+ANSWERED: Counter = Counter()
+"""(method, error name, "" for none) -> the calls this daemon answered so (its metrics)."""
 
 
 def _translate(exc: Exception) -> DBusError:
@@ -28,23 +32,34 @@ def error_reply(call: Message, exc: Exception) -> Message:
 
 
 def bus_errors(fn):
-    """Wrap a bus method so every exception leaves as a named D-Bus error, never a traceback."""
+    """Wrap a bus method so every exception leaves as a named D-Bus error, never a
+    traceback; each answer is counted in ``ANSWERED``."""
+    name = fn.__name__
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
         async def wrapper(*args):
             try:
-                return await fn(*args)
+                result = await fn(*args)
             except Exception as exc:
-                raise _translate(exc) from exc
+                raise _counted(name, _translate(exc)) from exc
+            ANSWERED[name, ""] += 1
+            return result
 
     else:
 
         @functools.wraps(fn)
         def wrapper(*args):
             try:
-                return fn(*args)
+                result = fn(*args)
             except Exception as exc:
-                raise _translate(exc) from exc
+                raise _counted(name, _translate(exc)) from exc
+            ANSWERED[name, ""] += 1
+            return result
 
     return wrapper
+
+
+def _counted(method: str, error: DBusError) -> DBusError:
+    ANSWERED[method, error.type] += 1
+    return error

@@ -112,7 +112,7 @@ STOP_OPTIONS = {"Session": "s", "UID": "u", "Reason": "s", "DryRun": "b"}
 USAGE_OPTIONS = {"SinceUSec": "t", "UntilUSec": "t", "UID": "u", "ByGPU": "b"}
 DAY_USEC = 86400 * 1_000_000
 FEATURES = ["claims", "dev-claims", "verify", "health", "pools", "queue", "reclaim",
-            "bookings", "slurm-jobs", "reply-when-granted"]
+            "bookings", "slurm-jobs", "reply-when-granted", "metrics", "diagnose"]
 
 
 
@@ -149,17 +149,21 @@ class ManagerInterface(Interface):
         "Stop": ("claims", "bookings"),
         "ReportJob": ("booking",),
         "Usage": ("json",),
+        "Metrics": ("text",),
+        "Diagnose": ("json",),
         "ClaimJob": ("claim_id", "claim"),
         "ReleaseJob": ("claim_ids",),
     }
 
     def __init__(self, bus, engine: Engine, mode: str, health: HealthMonitor, reload=None,
-                 shared: SharedAccess | None = None):
+                 shared: SharedAccess | None = None, metrics=None, diagnose=None):
         super().__init__(MANAGER_IFACE)
         self.engine = engine
         self.mode = mode
         self.health = health
         self.reload = reload
+        self.metrics = metrics  # the Metrics the daemon keeps (resourced.metrics)
+        self.diagnose = diagnose  # async () -> the daemon's checks (resourced.self_check)
         self._checks: dict[str, CheckInterface] = {}
         self._pools: dict[str, PoolInterface] = {}
         self.shared = shared
@@ -438,6 +442,22 @@ class ManagerInterface(Interface):
         if since >= until:
             raise InvalidRequest("SinceUSec must be before UntilUSec")
         return json.dumps(self.engine.usage(since, until, opts.get("UID"), opts.get("ByGPU", False)))
+
+    @dbus_method()
+    @bus_errors
+    def Metrics(self) -> "s":
+        """The daemon's metrics in the Prometheus text format (``gpuctl metrics``)."""
+        if self.metrics is None:
+            raise InvalidRequest("this daemon keeps no metrics")
+        return self.metrics.text()
+
+    @dbus_method()
+    @bus_errors
+    async def Diagnose(self) -> "s":
+        """The daemon's own checks for ``gpuctl doctor``, as JSON: a list of records."""
+        if self.diagnose is None:
+            raise InvalidRequest("this daemon does not diagnose itself")
+        return json.dumps(await self.diagnose())
 
     @dbus_method()
     @bus_errors

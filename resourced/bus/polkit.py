@@ -71,6 +71,8 @@ METHOD_ACTIONS = {
     (MANAGER_IFACE, "Stop"): OWNER_OR_MANAGE,
     (MANAGER_IFACE, "ReportJob"): OWNER,
     (MANAGER_IFACE, "Usage"): READ,
+    (MANAGER_IFACE, "Metrics"): READ,
+    (MANAGER_IFACE, "Diagnose"): READ,
     (MANAGER_IFACE, "ClaimJob"): MANAGE,
     (MANAGER_IFACE, "ReleaseJob"): MANAGE,
     (CLAIM_IFACE, "Release"): OWNER_OR_RELEASE_OTHER,

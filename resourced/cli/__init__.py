@@ -40,6 +40,8 @@ COMMANDS = {
     "service": ("service", "service", "Install, enable or remove the systemd service."),
     "connect": ("connect", "connect", "Use a shared bus hosted by an ordinary account."),
     "config": ("config", "config", "Check a configuration file without starting anything."),
+    "doctor": ("doctor", "doctor", "Check that resourced works here, layer by layer."),
+    "metrics": ("doctor", "metrics", "Print the daemon's metrics for Prometheus."),
     "resources": ("resources", "resources", "Show RAM and disk health: limits and live figures."),
     "notify": ("notify", "notify", "Show desktop notifications when RAM or disk health changes."),
     "runner": ("runner", "runner", "Start your bookings' commands at their start (book -- CMD)."),
@@ -86,7 +88,8 @@ def cli(color):
     Exit codes: 0 ok, 1 other error, 2 bad usage, 3 not enough GPUs, 4 GPUs busy with
     unknown processes, 5 daemon unreachable, 6 unknown or stale allocation, 7 not yours,
     8 access denied, 9 still in use, 10 systemd not running (gpuctl service), 11 queue
-    timeout, 12 a per-user limit reached, 130 interrupted. `gpuctl run` returns the command's own code (128+n for signal n).
+    timeout, 12 a per-user limit reached, 13 a check failed (gpuctl doctor), 130
+    interrupted. `gpuctl run` returns the command's own code (128+n for signal n).
 
     Example: gpuctl run --gpus 1 -- python train.py
     """

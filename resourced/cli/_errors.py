@@ -32,6 +32,7 @@ EXIT_STILL_IN_USE = 9
 EXIT_NO_SYSTEMD = 10  # gpuctl service: files written, but systemd is not running
 EXIT_QUEUE_TIMEOUT = 11
 EXIT_LIMIT = 12  # a per-user or per-session limit of the configuration (claims, GPUs, GPU-hours)
+EXIT_CHECK_FAILED = 13  # gpuctl doctor: a check failed (with --strict: or warned)
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 
 EXIT_CODES: dict[type[ResourcedError], int] = {

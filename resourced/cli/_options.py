@@ -30,7 +30,7 @@ session_option = click.option(
 RED, YELLOW = "31", "33"
 ALERTS = {"STOP": RED, "NOTICE": YELLOW, "OVERDUE": RED, "WAITING": YELLOW, "DEAD": RED, "UNCLAIMED USE": RED, "FOREIGN PROCESS": RED,
           "MISSING": RED, "ERROR": RED, "WARN": YELLOW, "UNKNOWN": YELLOW,
-          "UNAVAILABLE": YELLOW}
+          "UNAVAILABLE": YELLOW, "FAIL": RED}
 """The words a person must notice in a table, and their colour."""
 
 

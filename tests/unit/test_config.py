@@ -656,3 +656,14 @@ def test_nvidia_smi_is_accepted_unused_and_noted():
     assert len(cfg.notes) == 1 and cfg.notes[0].startswith("daemon.nvidia_smi is not used")
     with pytest.raises(ConfigError):
         parse_config("[daemon]\nnvidia_smi = 3\n", "c.toml")
+
+
+def test_the_metrics_textfile_is_an_absolute_prom_file_applied_on_reload():
+    assert parse("").metrics.textfile == ""
+    found = parse('[metrics]\ntextfile = "/var/lib/ne/resourced.prom"\n')
+    assert found.metrics.textfile == "/var/lib/ne/resourced.prom"
+    assert "absolute path" in error('[metrics]\ntextfile = "ne/resourced.prom"\n',
+                                    "metrics.textfile")
+    assert "must end in .prom" in error('[metrics]\ntextfile = "/var/lib/ne/resourced.txt"\n',
+                                        "metrics.textfile")
+    assert reload_changes(Config(), found) == (["metrics"], [])
