@@ -82,8 +82,11 @@ from .errors import (
 )
 from .evidence.gpuprobe import GpuEvidence, GpuProbe
 from .evidence.liveness import ExitWatcher
+from .evidence.pidns import claim_named_by, container_of, in_callers_namespace, ns_pids
 from .evidence.processes import pid_max, pin_process, process_session, process_uid
 from .evidence.proctable import ancestry, command_line, read_table, user_name
+from .evidence.subids import owner_of
+from .evidence.subids import ranges as subuid_ranges
 from .sd import audit, one_write
 from .slurm_jobs import job_label, job_steps, slurm_gpus
 from .threads import off_loop
@@ -632,7 +635,8 @@ class Engine(CalendarOperations):
         if any(c.job for c in self.ledger.claims.values()):  # a step may have begun since
             self._adopt(*await self._off_loop(_table_and_steps))  # the last sweep
         pids = [p.pid for procs in (evidence.processes or {}).values() for p in procs]
-        chains, details = await self._off_loop(_observe, pids)
+        uids = {c.id: c.uid for c in self.ledger.claims.values()}
+        chains, details = await self._off_loop(_observe, pids, uids)
         owned = claim_processes(self.ledger.claims.values())
         seen = None
         if evidence.known:
@@ -640,10 +644,10 @@ class Engine(CalendarOperations):
             for uuid, procs in evidence.processes.items():
                 seen[uuid] = []
                 for p in procs:
-                    who = attribute(chains[p.pid], owned)
-                    uid, user, command = details[p.pid]
+                    uid, user, command, container, started_for = details[p.pid]
+                    who = attribute(chains[p.pid], owned, started_for)
                     seen[uuid].append(SeenProcess(p.pid, p.used_memory_bytes, uid, user, command,
-                                                  who.claim_id, who.ambiguous))
+                                                  who.claim_id, who.ambiguous, container))
         missing = [(e.uuid, e.alias or "", e.index if e.index is not None else -1)
                    for e in self.missing]
         return verify(self.ledger, seen, evidence.reason, missing)
@@ -707,9 +711,10 @@ class Engine(CalendarOperations):
         listed = {p.pid for uuid in claim.gpus for p in evidence.processes.get(uuid, [])}
         if not listed:
             return []  # the common case: nothing to attribute, no /proc to read
-        chains = await self._off_loop(_ancestries, sorted(listed))
+        chains, details = await self._off_loop(_observe, sorted(listed), {claim.id: claim.uid})
         owned = claim_processes([claim])
-        return [pid for pid, chain in chains.items() if attribute(chain, owned).claim_id == claim.id]
+        return [pid for pid, chain in chains.items()
+                if attribute(chain, owned, details[pid][4]).claim_id == claim.id]
 
     async def _track(self) -> None:
         """While claims exist, adopt descendants and release claims of long-dead owners."""
@@ -1021,28 +1026,36 @@ class Engine(CalendarOperations):
 def _callers_process(caller: Caller, pid: int, role: str,
                      watcher: ExitWatcher) -> tuple[ProcessRef, int]:
     """The live process ``pid`` and a pidfd pinning it (from ``watcher``'s, where it holds
-    one: a process that claims again); it must be the caller's own (root may name any)."""
+    one: a process that claims again); it must be the caller's own (root may name any).
+    ``pid`` is in the caller's pid namespace: a caller in a container names its own."""
     highest = pid_max()
     if not 0 < pid <= highest:
         raise InvalidRequest(f"{role} pid {pid} is out of range: pids run from 1 to {highest}")
+    given, pid = pid, in_callers_namespace(caller.pid, pid)  # a caller in a container
     try:
-        pinned = watcher.pin(pid) or pin_process(pid)
+        pinned = None if pid is None else watcher.pin(pid) or pin_process(pid)
     except OSError as exc:
         log.error("cannot pin %s process %d: %s", role, pid, exc)
         raise Internal(f"the daemon cannot watch process {pid} now ({exc.strerror}); "
                        "see its log") from exc
+    if pinned is not None and pid != given and (ns_pids(pid) or [0])[-1] != given:
+        os.close(pinned[1])  # the number was taken again meanwhile
+        pinned = None
     if pinned is None:
-        raise InvalidRequest(f"{role} process {pid} does not exist")
+        raise InvalidRequest(f"{role} process {given} does not exist")
     if caller.uid != 0 and process_uid(pid) != caller.uid:
         os.close(pinned[1])
-        raise NotProcessOwner(f"process {pid} does not belong to uid {caller.uid}")
+        raise NotProcessOwner(f"process {given} does not belong to uid {caller.uid}")
     return pinned
 
 
 def _uids_of(pids: list[int]) -> dict[int, int | None]:
-    """Each pid's uid, None where /proc does not show it (gone, or another pid namespace)
+    """Each pid's user, None where /proc does not show it (gone, or another pid namespace):
+    its uid, or for a rootless container's process the user whose subuid range holds it
     (blocking)."""
-    return {pid: process_uid(pid) for pid in pids}
+    subuids = subuid_ranges()
+    uids = {pid: process_uid(pid) for pid in pids}
+    return {pid: None if uid is None else owner_of(uid, subuids) for pid, uid in uids.items()}
 
 
 def _use_of(claim: Claim, evidence: GpuEvidence, uids: dict[int, int | None]
@@ -1076,11 +1089,22 @@ def _ancestries(pids: list[int]) -> dict:
     return {pid: ancestry(pid) for pid in pids}
 
 
-def _observe(pids: list[int]):
-    """Each pid's ancestry, and its (uid, user, command) (blocking)."""
+def _observe(pids: list[int], claim_uids: dict[str, int]):
+    """Each pid's ancestry, and its (uid, user, command, container, the claim it was
+    started for) (blocking).  A rootless container's process is its user's (subuid); one
+    in a container was started for a live claim of that user when its environment names
+    it."""
     chains = _ancestries(pids)
+    subuids = subuid_ranges()
     details = {}
     for pid, chain in chains.items():
         uid = chain[0].uid if chain else -1
-        details[pid] = (uid, user_name(uid), command_line(pid))
+        person = owner_of(uid, subuids) if uid >= 0 else uid
+        container = started_for = ""
+        if chain and chain[0].nested_namespace:
+            container = container_of(pid) or "a pid namespace of its own"
+            named = claim_named_by(pid)
+            if named and claim_uids.get(named) == person:
+                started_for = named
+        details[pid] = (uid, user_name(person), command_line(pid), container, started_for)
     return chains, details

@@ -37,3 +37,21 @@ def claim_env(allocation: dict, use_index: bool = False) -> dict[str, str]:
     if "cpu" in pools:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(pools["cpu"])
     return env
+
+
+def container_options(engine: str, allocation: dict, env: dict[str, str]) -> list[str]:
+    """``docker run`` or ``podman run`` options for a claim: its GPUs and no others, and its
+    variables but CUDA_VISIBLE_DEVICES (the container sees only its GPUs).  Docker names
+    the GPUs by UUID (``--gpus "device=..."``: the quotes are docker's, for the commas, and
+    ``$(...)`` leaves them in place); Podman by the CDI names ``nvidia-ctk cdi generate``
+    gives by default, the NVML index."""
+    if not allocation["gpu_uuids"]:
+        gpus = []
+    elif engine == "docker":
+        gpus = ["--gpus", '"device=' + ",".join(allocation["gpu_uuids"]) + '"']
+    else:
+        gpus = [word for index in allocation["gpu_indices"]
+                for word in ("--device", f"nvidia.com/gpu={index}")]
+    variables = [word for name, value in env.items() if name != "CUDA_VISIBLE_DEVICES"
+                 for word in ("-e", f"{name}={value}")]
+    return gpus + variables

@@ -850,7 +850,7 @@ class ManagerInterface(Interface):
 
 def _report(r: GpuReport) -> dict:
     """One GPU's verify report as a{sv} (processes as aa{sv}: Pid, UsedMemoryBytes, UID,
-    User, Command, Claim, Ambiguous)."""
+    User, Command, Claim, Ambiguous, Container)."""
     processes = [
         {
             "Pid": Variant("u", p.pid),
@@ -860,6 +860,7 @@ def _report(r: GpuReport) -> dict:
             "Command": Variant("s", p.command),
             "Claim": Variant("s", p.claim_id),
             "Ambiguous": Variant("s", p.ambiguous),
+            "Container": Variant("s", p.container),
         }
         for p in r.processes
     ]

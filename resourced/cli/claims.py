@@ -402,16 +402,39 @@ def release(allocation, gpu, force, reason, dry_run, bus, as_json):
 @click.option("--allocation", metavar="REF", required=True, shell_complete=complete_claims,
               help="The claim.")
 @index_option
+@click.option("--docker", "engine", flag_value="docker",
+              help="Print `docker run` options instead: the claim's GPUs and nothing else.")
+@click.option("--podman", "engine", flag_value="podman",
+              help="Print `podman run` options instead (CDI device names, by index).")
 @bus_option
 @json_option
-def env(allocation, use_index, bus, as_json):
+def env(allocation, use_index, engine, bus, as_json):
     """Print `export` lines that put a shell on a claim's GPUs.
 
+    With --docker or --podman: the options that give a container the claim's GPUs and no
+    others, and its variables (RESOURCED_ALLOCATION among them, by which the daemon knows
+    the container's processes for the claim's), on one line for `$(...)`; --json prints
+    them as a list.
+
     Example: eval "$(gpuctl env --allocation c4x9k2a)"
+
+    Example: docker run --rm $(gpuctl env --allocation "$RESOURCED_ALLOCATION" --docker) IMAGE
     """
+    from ..environment import container_options
+
+    if engine and use_index:
+        raise click.UsageError("--index does not apply to --docker or --podman: a container "
+                               "sees only its GPUs")
     with client(bus) as c:
         granted = c.allocation(allocation, use_index)
     _warn(granted["warnings"])
+    if engine:
+        options = container_options(engine, granted["allocation"], granted["env"])
+        if as_json:
+            emit_json(options)
+        else:
+            click.echo(" ".join(options))
+        return
     variables = granted["env"]
     if as_json:
         emit_json(variables)

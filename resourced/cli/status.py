@@ -187,7 +187,9 @@ def render_verify(reports: list[dict]) -> str:
         for p in r["processes"]:
             whose = (f"claim {p['claim']}" if p["claim"] else
                      f"cannot be attributed: {p['ambiguous']}" if p["ambiguous"] else "no claim")
-            lines.append(f"    pid {p['pid']}  {p['user'] or '?'}  {p['command'] or '?'}  [{whose}]")
+            where = f"  (in {p['container']})" if p.get("container") else ""
+            lines.append(f"    pid {p['pid']}  {p['user'] or '?'}  {p['command'] or '?'}  "
+                         f"[{whose}]{where}")
     return "\n".join(lines)
 
 

@@ -3,9 +3,10 @@
 A process belongs to a claim if it is one of the claim's processes (the owner while it
 lives, and the members: descendants seen earlier, kept even after re-parenting to init)
 or a descendant of one of them.  Processes are (pid, start time), so a reused pid never
-inherits a claim.  A process the table cannot place (not visible here, or living in a
-nested pid namespace whose pids mean something else) is *ambiguous*: reported as such,
-never guessed.
+inherits a claim.  A process in a container is placed the same way (our table sees its
+real parents), or by the claim its environment names; one the table cannot place (not
+visible here, or in a container started by nobody's claim) is *ambiguous*: reported as
+such, never guessed.
 """
 
 from collections.abc import Iterable, Mapping, Sequence
@@ -67,14 +68,20 @@ def claim_processes(claims: Iterable[Claim]) -> dict[ProcessRef, str]:
     return {ref: claim.id for claim in claims for ref in claim.processes()}
 
 
-def attribute(chain: Sequence[ProcInfo], owned: Mapping[ProcessRef, str]) -> Attribution:
+def attribute(chain: Sequence[ProcInfo], owned: Mapping[ProcessRef, str],
+              started_for: str = "") -> Attribution:
     """Attribute a process from its ancestry (itself first, then its parent, up to init):
-    it belongs to the first claim whose process is on that chain."""
+    it belongs to the first claim whose process is on that chain, in a container too (the
+    chain is ours, whatever the container numbers it).  Else, one in a container belongs
+    to the claim it was ``started_for`` (its environment names a live claim of its user),
+    or is ambiguous."""
     if not chain:
         return Attribution(ambiguous="not visible here: another pid namespace, or already gone")
-    if chain[0].nested_namespace:
-        return Attribution(ambiguous="runs in another pid namespace")
     for info in chain:
         if info.ref in owned:
             return Attribution(claim_id=owned[info.ref])
+    if chain[0].nested_namespace:
+        if started_for:
+            return Attribution(claim_id=started_for)
+        return Attribution(ambiguous="runs in another pid namespace")
     return Attribution()

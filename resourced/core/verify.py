@@ -27,6 +27,7 @@ class SeenProcess:
     command: str = ""
     claim_id: str = ""   # the claim it belongs to, "" for none
     ambiguous: str = ""  # why it cannot be attributed, if it cannot
+    container: str = ""  # the container it runs in ("docker 3f2a..."), "" for none
 
 
 @dataclass(frozen=True)

@@ -146,10 +146,21 @@ def test_a_process_that_is_not_visible_is_ambiguous():
     assert attribute([], {}) == who_
 
 
-def test_a_process_in_a_nested_pid_namespace_is_ambiguous_even_below_the_owner():
-    tab = table(proc(1, 0), proc(11, 1), proc(12, 11, nested=True))
-    who_ = who(tab, 12, claim("c1", ref(11)))
-    assert who_.claim_id == "" and "namespace" in who_.ambiguous
+def test_a_process_in_a_container_below_the_owner_is_the_claims():
+    """Our table sees a container's real parents: below the owner is the claim's."""
+    tab = table(proc(1, 0), proc(11, 1), proc(12, 11, nested=True), proc(13, 12, nested=True))
+    assert who(tab, 13, claim("c1", ref(11))) == Attribution(claim_id="c1")
+
+
+def test_a_process_in_a_container_elsewhere_is_ambiguous_unless_started_for_a_claim():
+    tab = table(proc(1, 0), proc(11, 1), proc(30, 1), proc(31, 30, nested=True))
+    c = claim("c1", ref(11))
+    inside = chain(tab, 31)
+    found = attribute(inside, claim_processes([c]))
+    assert found.claim_id == "" and "namespace" in found.ambiguous
+    assert attribute(inside, claim_processes([c]), started_for="c1") == Attribution(claim_id="c1")
+    outside = attribute(chain(tab, 30), claim_processes([c]), started_for="c1")
+    assert outside == Attribution()  # the environment counts only inside a container
 
 
 def test_members_stay_the_claims_after_reparenting_to_init():
