@@ -142,22 +142,24 @@ def recommend(c, duration, gpus: int | None = None, vram=None, ram=None, cpu=Non
     """Where and when this would fit, nothing taken: ``{"fits": False, "reason"}``, or
     ``{"fits": True, "now": True, "gpu_indices", "command"}`` (a ``gpuctl run`` to copy),
     or ``{"fits": True, "now": False, "start", "gpu_indices", "command"}`` (a ``gpuctl
-    book``).  ``duration`` is seconds or text (``4h``); amounts are bytes or text (``20G``);
+    book``).  ``duration`` is seconds or text (``4h``); memory is bytes or text (``20G``);
     nothing asked for is one whole GPU."""
     import shlex
 
+    from .amounts import format_bytes
     from .booking_calls import now_usec, span
-    from .client import _amount
+    from .client import memory_and_counts
     from .core.clock import whole_second
     from .when import format_span
 
     seconds = span("duration", duration) / 1e6
-    ask = {k: _amount(v, k) if k != "gpus" else v
-           for k, v in (("gpus", gpus), ("vram", vram), ("ram", ram), ("cpu", cpu))
-           if v is not None} or {"gpus": 1}
+    vram, pools = memory_and_counts(vram, ram, cpu)
+    ask = {k: v for k, v in (("gpus", gpus), ("vram", vram), ("ram", pools.get("ram")),
+                             ("cpu", pools.get("cpu"))) if v is not None} or {"gpus": 1}
     found = c.slots(seconds, count=1, **ask)
     free = c.free()
-    amounts = [f"--{k} {v}" for k, v in ask.items()] + [f"--for {format_span(seconds)}"]
+    amounts = [f"--{k} {format_bytes(v) if k in ('vram', 'ram') else v}" for k, v in ask.items()]
+    amounts.append(f"--for {format_span(seconds)}")
     if not found:
         return {"fits": False, "reason": "it fits nowhere within the booking horizon"}
     if found[0]["start_usec"] <= whole_second(now_usec()) and (

@@ -11,7 +11,7 @@ the bus and every pool arithmetic can carry) are refused: no machine has that mu
 import re
 from fractions import Fraction
 
-__all__ = ["MAX_AMOUNT", "UNITS", "format_bytes", "parse_amount"]
+__all__ = ["MAX_AMOUNT", "UNITS", "format_bytes", "parse_amount", "parse_count", "parse_memory"]
 
 MAX_AMOUNT = 2**63 - 1
 UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
@@ -54,6 +54,37 @@ def parse_amount(text: str | int, *, allow_zero: bool = False) -> int:
     if value > MAX_AMOUNT:
         raise ValueError(f"too large: {text!r} (at most {MAX_AMOUNT})")
     return value
+
+
+MIB = 1024**2
+_BARE = re.compile(r"\s*\d+(?:\.\d*)?\s*")
+
+
+def parse_memory(value: str | int, name: str = "memory") -> int:
+    """Bytes of memory (VRAM, RAM): text needs a unit (``"4000"`` is refused: 4000 what?);
+    an int is bytes, refused under 1 MiB, where it is surely megabytes or a slip."""
+    if isinstance(value, str) and _BARE.fullmatch(value):
+        raise ValueError(f"{_what(value.strip())} ({name} takes a unit)")
+    n = parse_amount(value)
+    if isinstance(value, int) and n < MIB:
+        raise ValueError(f"{_what(str(value))} ({name} as a number is bytes, at least 1 MiB)")
+    return n
+
+
+def _what(number: str) -> str:
+    """``4000 what? 4000M or 4G``: the forms a bare number most likely meant."""
+    whole = number.isdigit() and int(number) >= 1000 and int(number) % 1000 == 0
+    return f"{number} what? {number}M or {int(number) // 1000 if whole else number}G"
+
+
+def parse_count(value: str | int, name: str = "a count") -> int:
+    """A whole number greater than 0, without a unit (CPU cores, slots)."""
+    text = value.strip() if isinstance(value, str) else value
+    if isinstance(text, bool) or not (isinstance(text, int) or (
+            isinstance(text, str) and text.isdigit())) or int(text) <= 0 or int(text) > MAX_AMOUNT:
+        raise ValueError(f"{name} is a whole number greater than 0, without a unit, not "
+                         f"{value!r}")
+    return int(text)
 
 
 def format_bytes(n: int) -> str:

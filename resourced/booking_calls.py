@@ -82,10 +82,11 @@ def span(name: str, value) -> int:
 
 def request_options(gpus=None, duration=None, start=None, gpu_names=None, exclude=None,
                     vram=None, ram=None, cpu=None, pools=None, exclusive=None, op_id=None,
-                    label=None, task_name=None, earliest=False, dry_run=False) -> dict:
+                    label=None, task_name=None, earliest=False, dry_run=False, vram_mb=None,
+                    ram_mb=None) -> dict:
     """``Book``/``EditBooking``/``FindSlots`` options; None leaves a key out (an edit then
     keeps the booking's value)."""
-    from .client import UINT32_MAX, _amount, _text, _whole
+    from .client import UINT32_MAX, _text, _whole, memory_and_counts
 
     options = {}
     if gpus is not None:
@@ -94,13 +95,9 @@ def request_options(gpus=None, duration=None, start=None, gpu_names=None, exclud
         options["GPUNames"] = ("as", [_text("GPU", str(g)) for g in gpu_names])
     if exclude is not None:
         options["Exclude"] = ("as", [_text("GPU", str(g)) for g in exclude])
+    vram, amounts = memory_and_counts(vram, ram, cpu, pools, vram_mb, ram_mb)
     if vram is not None:
-        options["VRAMBytes"] = ("t", _amount(vram))
-    amounts = {_text("pool name", n): _amount(v) for n, v in (pools or {}).items()}
-    if ram is not None:
-        amounts["ram"] = _amount(ram)
-    if cpu is not None:
-        amounts["cpu"] = _amount(cpu)
+        options["VRAMBytes"] = ("t", vram)
     if amounts or pools is not None:
         options["Pools"] = ("a{st}", amounts)
     if duration is not None:

@@ -164,19 +164,54 @@ def session_option(session: str | None) -> dict:
     return {} if session is None else {"Session": ("s", _text("session", session))}
 
 
-def demand_options(gpus: int = 0, vram=None, ram=None, cpu=None, pools=None) -> tuple[int, dict]:
-    """(gpus, options) for Claim from friendly arguments: amounts like ``"4G"`` or ints."""
-    options = {}
-    gpus = _whole("gpus", gpus, 0, UINT32_MAX)
+def _memory(value, name: str) -> int:
+    from .amounts import parse_memory
+
+    try:
+        return parse_memory(value, name)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
+def _count(value, name: str) -> int:
+    from .amounts import parse_count
+
+    try:
+        return parse_count(value, name)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
+def memory_and_counts(vram=None, ram=None, cpu=None, pools=None, vram_mb=None, ram_mb=None
+                      ) -> tuple[int | None, dict[str, int]]:
+    """(VRAM bytes or None, pool amounts) from friendly arguments: memory as text with a
+    unit (``"4G"``) or bytes (at least 1 MiB), or in MiB (``vram_mb=``, ``ram_mb=``, the
+    file-lock library's names); cpu a whole count; other pools as ``parse_amount`` reads."""
+    for given, in_mib, name in ((vram, vram_mb, "vram"), (ram, ram_mb, "ram")):
+        if given is not None and in_mib is not None:
+            raise InvalidRequest(f"give {name} or {name}_mb, not both")
+    if vram_mb is not None:
+        vram = _whole("vram_mb", vram_mb, 1, UINT32_MAX) * 1024**2
+    if ram_mb is not None:
+        ram = _whole("ram_mb", ram_mb, 1, UINT32_MAX) * 1024**2
     amounts = {_text("pool name", name): _amount(v) for name, v in (pools or {}).items()}
     if ram is not None:
-        amounts["ram"] = _amount(ram)
+        amounts["ram"] = _memory(ram, "ram")
     if cpu is not None:
-        amounts["cpu"] = _amount(cpu)
+        amounts["cpu"] = _count(cpu, "cpu")
+    return None if vram is None else _memory(vram, "vram"), amounts
+
+
+def demand_options(gpus: int = 0, vram=None, ram=None, cpu=None, pools=None, vram_mb=None,
+                   ram_mb=None) -> tuple[int, dict]:
+    """(gpus, options) for Claim from friendly arguments (``memory_and_counts``)."""
+    options = {}
+    gpus = _whole("gpus", gpus, 0, UINT32_MAX)
+    vram, amounts = memory_and_counts(vram, ram, cpu, pools, vram_mb, ram_mb)
     if amounts:
         options["Pools"] = ("a{st}", amounts)
     if vram is not None:
-        options["VRAMBytes"] = ("t", _amount(vram))
+        options["VRAMBytes"] = ("t", vram)
     return gpus, options
 
 
@@ -201,8 +236,8 @@ class _Base:
     def _claim_message(self, mode, gpus, owner_pid=None, label="", task_name="",
                        member_pids=(), vram=None, ram=None, cpu=None, pools=None,
                        priority=0, wait=False, timeout=None, reclaimable=False, duration=None,
-                       session=None, dry_run=False, held=False):
-        gpus, options = demand_options(gpus, vram, ram, cpu, pools)
+                       session=None, dry_run=False, held=False, vram_mb=None, ram_mb=None):
+        gpus, options = demand_options(gpus, vram, ram, cpu, pools, vram_mb, ram_mb)
         options.update(session_option(session))
         if dry_run:
             options["DryRun"] = ("b", True)
@@ -513,11 +548,13 @@ class Client(_Base):
               pools: dict | None = None, priority: int = 0, wait: bool = False,
               timeout: float | None = None, reclaimable: bool = False,
               progress: Callable[[dict], None] | None = None, duration=None,
-              session: str | None = None, dry_run: bool = False) -> dict:
+              session: str | None = None, dry_run: bool = False, vram_mb=None,
+              ram_mb=None) -> dict:
         """Claim GPUs, a VRAM share and/or pool amounts, all or nothing; returns
         ``{"allocation": {"ref": ...}, "env": {...}, "warnings": [...]}``.
 
-        Amounts are bytes or strings like ``"4G"``.  ``member_pids`` are further processes
+        Memory (``vram``, ``ram``) is text with a unit (``"4G"``) or bytes (at least 1 MiB),
+        or MiB as ``vram_mb``/``ram_mb``; ``cpu`` a whole count.  ``member_pids`` are further processes
         of yours that belong to the claim from the start.  With ``wait`` the request
         queues (by ``priority``, then arrival) until granted; ``timeout`` seconds later it
         gives up with ``QueueTimeout``; an interrupted wait leaves the queue.  While it
@@ -534,7 +571,7 @@ class Client(_Base):
         held = wait and not progress  # (progress needs the claim's reference at once)
         msg = self._claim_message(mode, gpus, owner_pid, label, task_name, member_pids, vram,
                                   ram, cpu, pools, priority, wait, timeout, reclaimable, duration,
-                                  session, dry_run, held)
+                                  session, dry_run, held, vram_mb, ram_mb)
         if not wait or dry_run:
             ref, _path, grant = self._send(msg)
             return self._allocation(ref, grant, use_index)
@@ -665,24 +702,26 @@ class Client(_Base):
 
     def acquire(self, gpus: int = 0, vram=None, ram=None, cpu=None, pools: dict | None = None,
                 priority: int = 0, label: str = "", timeout: float | None = None,
-                reclaimable: bool = False) -> "Lease":
+                reclaimable: bool = False, vram_mb=None, ram_mb=None) -> "Lease":
         """Wait for a lease (by priority, then arrival) and return it; use it in ``with``.
 
         The lease belongs to this process: it ends on ``release()``, on leaving the
         ``with`` block, or when the process dies."""
         granted = self.claim(mode="run", gpus=gpus, vram=vram, ram=ram, cpu=cpu, pools=pools,
                              priority=priority, label=label, wait=True, timeout=timeout,
-                             reclaimable=reclaimable, owner_pid=os.getpid())
+                             reclaimable=reclaimable, owner_pid=os.getpid(), vram_mb=vram_mb,
+                             ram_mb=ram_mb)
         return Lease(self, granted)
 
     def try_acquire(self, gpus: int = 0, vram=None, ram=None, cpu=None,
                     pools: dict | None = None, priority: int = 0, label: str = "",
-                    reclaimable: bool = False) -> "Lease | None":
+                    reclaimable: bool = False, vram_mb=None, ram_mb=None) -> "Lease | None":
         """A lease if it fits now (without jumping a waiter), else None."""
         try:
             granted = self.claim(mode="run", gpus=gpus, vram=vram, ram=ram, cpu=cpu,
                                  pools=pools, priority=priority, label=label,
-                                 reclaimable=reclaimable, owner_pid=os.getpid())
+                                 reclaimable=reclaimable, owner_pid=os.getpid(),
+                                 vram_mb=vram_mb, ram_mb=ram_mb)
         except SHORT:
             return None
         return Lease(self, granted)
@@ -997,13 +1036,14 @@ class AsyncClient(_Base):
                     member_pids: tuple[int, ...] = (), vram=None, ram=None, cpu=None,
                     pools: dict | None = None, priority: int = 0, wait: bool = False,
                     timeout: float | None = None, reclaimable: bool = False,
-                    duration=None, session: str | None = None, dry_run: bool = False) -> dict:
+                    duration=None, session: str | None = None, dry_run: bool = False,
+                    vram_mb=None, ram_mb=None) -> dict:
         """As ``Client.claim``; a cancelled wait leaves the queue."""
         import asyncio
 
         msg = self._claim_message(mode, gpus, owner_pid, label, task_name, member_pids, vram,
                                   ram, cpu, pools, priority, wait, timeout, reclaimable, duration,
-                                  session, dry_run, held=wait)
+                                  session, dry_run, held=wait, vram_mb=vram_mb, ram_mb=ram_mb)
         if not wait or dry_run:
             ref, _path, grant = await self._send(msg)
             return self._allocation(ref, grant, use_index)
@@ -1082,19 +1122,21 @@ class AsyncClient(_Base):
 
     def acquire(self, gpus: int = 0, vram=None, ram=None, cpu=None, pools: dict | None = None,
                 priority: int = 0, label: str = "", timeout: float | None = None,
-                reclaimable: bool = False) -> "_Acquiring":
+                reclaimable: bool = False, vram_mb=None, ram_mb=None) -> "_Acquiring":
         """``async with client.acquire(vram="4G") as lease:`` (or ``lease = await ...``)."""
         return _Acquiring(self, dict(gpus=gpus, vram=vram, ram=ram, cpu=cpu, pools=pools,
                                      priority=priority, label=label, wait=True, timeout=timeout,
-                                     reclaimable=reclaimable))
+                                     reclaimable=reclaimable, vram_mb=vram_mb, ram_mb=ram_mb))
 
     async def try_acquire(self, gpus: int = 0, vram=None, ram=None, cpu=None,
                           pools: dict | None = None, priority: int = 0, label: str = "",
-                          reclaimable: bool = False) -> "AsyncLease | None":
+                          reclaimable: bool = False, vram_mb=None,
+                          ram_mb=None) -> "AsyncLease | None":
         try:
             granted = await self.claim(mode="run", gpus=gpus, vram=vram, ram=ram, cpu=cpu,
                                        pools=pools, priority=priority, label=label,
-                                       reclaimable=reclaimable, owner_pid=os.getpid())
+                                       reclaimable=reclaimable, owner_pid=os.getpid(),
+                                       vram_mb=vram_mb, ram_mb=ram_mb)
         except SHORT:
             return None
         return AsyncLease(self, granted)

@@ -102,12 +102,15 @@ class DaemonConfig:
     usage_retention: float = 400 * 86400        # usage history: holds and daily GPU load
     usage_hour_retention: float = 90 * 86400    # hourly GPU load
     usage_minute_retention: float = 2 * 86400   # per-minute GPU load
-    # Limits on agent sessions (and more on users), all 0 = no limit; root is exempt.
+    # Limits on agent sessions (and more on users), all 0 = no limit.
     max_gpus_per_user: int = 0               # GPUs held or waited for (a share counts one)
     max_claims_per_session: int = 0          # live claims of one session
     max_gpus_per_session: int = 0
     max_booked_gpu_hours_per_user: float = 0.0     # GPU-hours of live bookings (a share: one GPU)
     max_booked_gpu_hours_per_session: float = 0.0
+    # Every user is under the limits, root too, except that these (user names) are spared
+    # the per-user ones: never a session's, so an agent swarm run as root is capped.
+    exempt_users: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -317,9 +320,15 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _figure(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 def _number(low: float, *, strict: bool = False, high: float | None = None):
-    if high is not None:
-        wanted = f"a number from {low:g} to {high:g}"
+    if high is not None and strict:
+        wanted = f"a number greater than {_figure(low)} and at most {_figure(high)}"
+    elif high is not None:
+        wanted = f"a number from {_figure(low)} to {_figure(high)}"
     else:
         wanted = f"a number greater than {low:g}" if strict else f"a number of at least {low:g}"
 
@@ -335,8 +344,8 @@ def _number(low: float, *, strict: bool = False, high: float | None = None):
 
 
 def _index(value):
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise _Bad(f"must be a whole number of at least 0, not {_show(value)}")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 2**31 - 1:
+        raise _Bad(f"must be a whole number from 0 to {2**31 - 1}, not {_show(value)}")
     return value
 
 
@@ -361,6 +370,13 @@ def _directory(value):
     if not isinstance(value, str) or (value and not os.path.isabs(value)) or "\0" in value:
         raise _Bad(f'must be an absolute path, or "" for the default, not {_show(value)}')
     return value
+
+
+def _user_names(value):
+    if not isinstance(value, list) or not all(
+            isinstance(v, str) and re.fullmatch(_GROUP, v) for v in value):
+        raise _Bad(f'must be a list of user names, like ["root"], not {_show(value)}')
+    return tuple(value)
 
 
 def _textfile(value):
@@ -408,36 +424,44 @@ _POOL_NAME = r"[a-z0-9][a-z0-9_.-]*"
 _GROUP = r"[A-Za-z_](?:[A-Za-z0-9_.-]{0,31}|[A-Za-z0-9_.-]{0,30}\$)"
 
 _PCT = _number(0, high=100)
-_GIB = _number(0)
+_GIB = _number(0, high=2**30)  # (an exbibyte)
+DAY = 86400.0
+YEARS_10 = 3650 * DAY
+"""The longest span any setting may name: a larger one is a slip (1e308 seconds hung the
+daemon at start), refused with the key named."""
+_SECONDS = _number(0, high=YEARS_10)
+_SECONDS_ABOVE_0 = _number(0, strict=True, high=YEARS_10)
+_GPU_HOURS = _number(0, high=1e9)
 
 # For each table: key -> (check, required).  Optional keys missing from the file keep
 # their dataclass default.
 _DAEMON = {
     "runtime_dir": (_directory, False),
-    "probe_timeout": (_number(0, strict=True), False),
-    "sample_interval": (_number(0, strict=True), False),
-    "dead_owner_grace": (_number(0), False),
+    "probe_timeout": (_number(0, strict=True, high=3600), False),
+    "sample_interval": (_number(0, strict=True, high=DAY), False),
+    "dead_owner_grace": (_SECONDS, False),
     "access_group": (_string(_GROUP, "a valid group name"), False),
     "persist": (_boolean, False),
     "shared_dir": (_directory, False),
     "max_claims_per_user": (_index, False),
     "max_waiting_per_user": (_index, False),
     "state_dir": (_directory, False),
-    "longest_booking": (_number(0), False),
-    "booking_horizon": (_number(0), False),
+    "longest_booking": (_SECONDS, False),
+    "booking_horizon": (_SECONDS, False),
     "max_bookings_per_user": (_index, False),
-    "booking_retention": (_number(0), False),
-    "warn_before": (_number(0), False),
-    "no_show_after": (_number(0), False),
-    "idle_after": (_number(0), False),
-    "usage_retention": (_number(0, strict=True), False),
-    "usage_hour_retention": (_number(0, strict=True), False),
-    "usage_minute_retention": (_number(0, strict=True), False),
+    "booking_retention": (_SECONDS, False),
+    "warn_before": (_SECONDS, False),
+    "no_show_after": (_SECONDS, False),
+    "idle_after": (_SECONDS, False),
+    "usage_retention": (_SECONDS_ABOVE_0, False),
+    "usage_hour_retention": (_SECONDS_ABOVE_0, False),
+    "usage_minute_retention": (_SECONDS_ABOVE_0, False),
     "max_gpus_per_user": (_index, False),
     "max_claims_per_session": (_index, False),
     "max_gpus_per_session": (_index, False),
-    "max_booked_gpu_hours_per_user": (_number(0), False),
-    "max_booked_gpu_hours_per_session": (_number(0), False),
+    "max_booked_gpu_hours_per_user": (_GPU_HOURS, False),
+    "max_booked_gpu_hours_per_session": (_GPU_HOURS, False),
+    "exempt_users": (_user_names, False),
 }
 _GPU = {
     "uuid": (_string(r"\S+", "a non-empty string without spaces"), True),

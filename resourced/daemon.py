@@ -276,6 +276,10 @@ async def open_store(opener, wait: float):
 async def serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     config_path, config = load_startup_config(args)
+    try:
+        backend = select_backend()
+    except ValueError as exc:  # RESOURCED_SIMULATED_GPUS that names nothing
+        raise StartupError(str(exc), EXIT_USAGE) from exc
     stop = asyncio.Event()
     shared = await host_shared_bus(args) if args.mode == "shared" else None
     try:
@@ -317,7 +321,7 @@ async def serve(args: argparse.Namespace) -> int:
         bus.disconnect()
         await _close_shared(shared)
         raise
-    engine = Engine(select_backend(), store if config.daemon.persist else None,
+    engine = Engine(backend, store if config.daemon.persist else None,
                     config.daemon, config.gpus, host_pools(config.pools), clock=clock,
                     calendar_store=calendar, poll_clock=simulated, usage_store=usage,
                     slurm=config.slurm)

@@ -82,7 +82,7 @@ from .errors import (
 )
 from .evidence.gpuprobe import GpuEvidence, GpuProbe
 from .evidence.liveness import ExitWatcher
-from .evidence.pidns import claim_named_by, container_of, in_callers_namespace, ns_pids
+from .evidence.pidns import claim_named_by, container_of, in_callers_namespace, nested, ns_pids
 from .evidence.processes import pid_max, pin_process, process_session, process_uid
 from .evidence.proctable import ancestry, command_line, read_table, user_name
 from .evidence.subids import owner_of
@@ -363,8 +363,10 @@ class Engine(CalendarOperations):
     def _check_limits(self, caller: Caller, wait: bool, demand: Demand,
                       session: str | None = None) -> None:
         """Refuse a request past the caller's per-user limits (or, given a ``session``,
-        that session's), before any work (root is exempt); the message names the setting."""
-        if caller.uid == 0:
+        that session's), before any work; the message names the setting.  A session's
+        limits hold for everyone (an agent swarm run as root too); a user's spare only
+        those ``exempt_users`` names."""
+        if session is None and caller.uid in self.calendar.limits.exempt:
             return
         s = self.settings
         gpus = demand.gpu_count
@@ -783,7 +785,8 @@ class Engine(CalendarOperations):
         if evidence.known:
             listed = {p.pid for c in claims.values() for u in c.gpus
                       for p in evidence.processes.get(u) or ()}
-            uids = await self._off_loop(_uids_of, sorted(listed)) if listed else {}
+            owners_of = {i: c.uid for i, c in claims.items()}
+            uids = await self._off_loop(_uids_of, sorted(listed), owners_of) if listed else {}
             for i, c in claims.items():
                 owners[i], anyone[i] = _use_of(c, evidence, uids)
         for i, c in claims.items():
@@ -1049,13 +1052,28 @@ def _callers_process(caller: Caller, pid: int, role: str,
     return pinned
 
 
-def _uids_of(pids: list[int]) -> dict[int, int | None]:
+def _started_for(pid: int, person: int, claim_uids: dict[str, int]) -> str:
+    """The live claim a process in a container was started for: its environment names it
+    (RESOURCED_ALLOCATION), and it runs as the claim's user or as root (a rootful container
+    engine runs it so); "" otherwise, or where this account may not read it."""
+    named = claim_named_by(pid)
+    return named if named in claim_uids and person in (claim_uids[named], 0) else ""
+
+
+def _uids_of(pids: list[int], claim_uids: dict[str, int]) -> dict[int, int | None]:
     """Each pid's user, None where /proc does not show it (gone, or another pid namespace):
-    its uid, or for a rootless container's process the user whose subuid range holds it
-    (blocking)."""
+    its uid; for a rootless container's process the user whose subuid range holds it; for
+    a container's process started for a claim, the claim's user (blocking)."""
     subuids = subuid_ranges()
-    uids = {pid: process_uid(pid) for pid in pids}
-    return {pid: None if uid is None else owner_of(uid, subuids) for pid, uid in uids.items()}
+    found = {}
+    for pid in pids:
+        uid = process_uid(pid)
+        if uid is not None:
+            uid = owner_of(uid, subuids)
+            if nested(pid) and (claim := _started_for(pid, uid, claim_uids)):
+                uid = claim_uids[claim]
+        found[pid] = uid
+    return found
 
 
 def _use_of(claim: Claim, evidence: GpuEvidence, uids: dict[int, int | None]
@@ -1103,8 +1121,6 @@ def _observe(pids: list[int], claim_uids: dict[str, int]):
         container = started_for = ""
         if chain and chain[0].nested_namespace:
             container = container_of(pid) or "a pid namespace of its own"
-            named = claim_named_by(pid)
-            if named and claim_uids.get(named) == person:
-                started_for = named
+            started_for = _started_for(pid, person, claim_uids)
         details[pid] = (uid, user_name(person), command_line(pid), container, started_for)
     return chains, details

@@ -12,6 +12,7 @@ again.
 from __future__ import annotations
 
 import logging
+import pwd
 from typing import TYPE_CHECKING
 
 from .config import DaemonConfig
@@ -236,6 +237,18 @@ def booking_limits(settings: DaemonConfig) -> Limits:
     return Limits(longest=settings.longest_booking, horizon=settings.booking_horizon,
                   per_user=settings.max_bookings_per_user, retention=settings.booking_retention,
                   gpu_hours_per_user=settings.max_booked_gpu_hours_per_user,
-                  gpu_hours_per_session=settings.max_booked_gpu_hours_per_session)
+                  gpu_hours_per_session=settings.max_booked_gpu_hours_per_session,
+                  exempt=exempt_uids(settings.exempt_users))
+
+
+def exempt_uids(names: tuple[str, ...]) -> frozenset[int]:
+    """The uids of the users ``exempt_users`` names (one unknown here is left out, logged)."""
+    found = set()
+    for name in names:
+        try:
+            found.add(pwd.getpwnam(name).pw_uid)
+        except KeyError:
+            log.warning("exempt_users names %s, who has no account here", name)
+    return frozenset(found)
 
 

@@ -15,6 +15,8 @@ the whole GPU).  PyTorch has no such variable: call
 ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS``.
 """
 
+import math
+
 
 def claim_env(allocation: dict, use_index: bool = False) -> dict[str, str]:
     uuids = allocation["gpu_uuids"]
@@ -27,9 +29,9 @@ def claim_env(allocation: dict, use_index: bool = False) -> dict[str, str]:
     }
     vram = allocation.get("vram_bytes", 0)
     if vram and allocation.get("gpu_memory_bytes"):
-        fraction = vram / allocation["gpu_memory_bytes"][0]
         env["RESOURCED_VRAM_BYTES"] = str(vram)
-        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{int(fraction * 100) / 100:.2f}"
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = share_fraction(vram,
+                                                               allocation["gpu_memory_bytes"][0])
         env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
     pools = allocation.get("pools", {})
     if pools:
@@ -37,6 +39,21 @@ def claim_env(allocation: dict, use_index: bool = False) -> dict[str, str]:
     if "cpu" in pools:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(pools["cpu"])
     return env
+
+
+def share_fraction(share: int, total: int) -> str:
+    """``share / total`` to four significant digits, rounded down (never above the share):
+    1.5G of an 80G GPU is ``0.01875``."""
+    from fractions import Fraction
+
+    exact = min(Fraction(share, total), Fraction(1))
+    if exact == 1:
+        return "1.0"
+    places = 4
+    while exact * 10**places < 1000:  # four significant digits
+        places += 1
+    digits = math.floor(exact * 10**places)
+    return ("0." + str(digits).rjust(places, "0")).rstrip("0")
 
 
 def container_options(engine: str, allocation: dict, env: dict[str, str]) -> list[str]:

@@ -9,7 +9,7 @@
     ├── GPUsBusy                    the free GPUs run processes nobody claimed
     ├── NoSuchClaim                 unknown or stale claim reference
     ├── NotProcessOwner             an owner pid of another user
-    ├── NotClaimOwner               touching another user's claim
+    ├── NotClaimOwner               touching another user's claim or booking
     ├── StillInUse                  a release while the claim's processes still use its GPUs
     ├── AccessDenied                the bus or polkit said no
     ├── InteractionRequired         polkit would allow it after authentication
@@ -100,7 +100,7 @@ class NotProcessOwner(ResourcedError):
 
 
 class NotClaimOwner(ResourcedError):
-    """The claim belongs to another user."""
+    """The claim (or booking) belongs to another user."""
 
     code = "NotClaimOwner"
 

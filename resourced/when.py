@@ -76,7 +76,8 @@ def parse_when(text: str, now: datetime) -> datetime:
     """The moment ``text`` names, as an aware datetime in the zone of ``now``.
 
     Forms (case-insensitive): ``now``; ``+DURATION``; ``HH:MM`` (the next time the clock
-    shows it, tomorrow if not after ``now``); ``yesterday``, ``today``, ``tomorrow`` (the
+    shows it; refused when that is this minute or more than 12 hours away, so that a
+    day is never added silently); ``yesterday``, ``today``, ``tomorrow`` (the
     day's start) and with ``HH:MM`` (may be past: what ``format_when`` writes reads back); ``WEEKDAY HH:MM`` (``mon``/``monday``: the next one, today if
     still ahead); ISO 8601 date or date and time, local to ``now`` unless it carries
     ``Z`` or an offset.  ``ValueError`` naming these forms for anything else.
@@ -90,6 +91,24 @@ def parse_when(text: str, now: datetime) -> datetime:
     if result is None:
         raise ValueError(f"expected a time like {_WHEN_FORMS}, not {text!r}")
     return result
+
+
+CLEAR_AHEAD = timedelta(hours=12)
+"""How far ahead a bare time of day may be taken to lie: farther, it has passed today."""
+
+
+def _check_clear(text: str, clock: time, candidate: datetime, now: datetime) -> None:
+    """A bare ``HH:MM`` is the next such instant, unless that is this very minute or more
+    than 12 hours away (it has just passed, most often): then which day is meant is not
+    clear, and the forms that say it are named instead of a day added silently."""
+    hhmm = f"{clock.hour:02d}:{clock.minute:02d}"
+    if (clock.hour, clock.minute) == (now.hour, now.minute):
+        why = "is this very minute"
+    elif candidate - now > CLEAR_AHEAD:
+        why = f"has passed today (it is {now:%H:%M})"
+    else:
+        return
+    raise ValueError(f"{text} {why}: say now, today {hhmm}, tomorrow {hhmm} or +DURATION")
 
 
 def _parse_words(words: list[str], stripped: str, now: datetime) -> datetime | None:
@@ -109,6 +128,7 @@ def _parse_words(words: list[str], stripped: str, now: datetime) -> datetime | N
         candidate = datetime.combine(today, clock, tzinfo=zone)
         if candidate <= now:
             candidate = datetime.combine(today + timedelta(days=1), clock, tzinfo=zone)
+        _check_clear(stripped, clock, candidate, now)
         return candidate
     if len(words) == 2 and (clock := _clock(words[1])) is not None:
         day, wanted = words[0], _WEEKDAYS.get(words[0])

@@ -28,6 +28,10 @@ def simulated_uuid(index: int) -> str:
     return f"GPU-5e1a7ed0-0000-4000-8000-{index:012d}"
 
 
+MAX_GPUS = 4096
+"""The most GPUs a simulation may have (a machine has at most a few dozen)."""
+
+
 class SimulatedBackend:
     name = "simulated"
 
@@ -41,9 +45,17 @@ class SimulatedBackend:
 
     @classmethod
     def from_setting(cls, value: str) -> "SimulatedBackend":
+        """``RESOURCED_SIMULATED_GPUS``: a number of idle GPUs (0 to ``MAX_GPUS``) or the
+        path of a simulation file; ValueError, naming the variable, for anything else."""
         value = value.strip()
         if value.isascii() and value.isdigit():
+            if int(value) > MAX_GPUS:
+                raise ValueError(f"RESOURCED_SIMULATED_GPUS={value}: a number of GPUs is from "
+                                 f"0 to {MAX_GPUS}")
             return cls(count=int(value))
+        if not os.path.isfile(value):
+            raise ValueError(f"RESOURCED_SIMULATED_GPUS={value}: neither a number of GPUs "
+                             "nor a simulation file that exists")
         return cls(path=value)
 
     def _entries(self) -> list[dict]:

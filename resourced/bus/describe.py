@@ -19,8 +19,8 @@ LIMITS = ("max_claims_per_user", "max_waiting_per_user", "max_gpus_per_user",
           "max_claims_per_session", "max_gpus_per_session", "max_bookings_per_user",
           "max_booked_gpu_hours_per_user", "max_booked_gpu_hours_per_session",
           "longest_booking", "booking_horizon", "warn_before", "no_show_after", "idle_after")
-"""The configured limits every user is under (root is exempt from the per-user and
-per-session ones; 0 = no limit)."""
+"""The configured limits every user is under, root too (``exempt_users`` are spared the
+per-user ones, never a session's; 0 = no limit)."""
 
 
 class StateView:

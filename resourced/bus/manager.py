@@ -622,8 +622,15 @@ class ManagerInterface(Interface):
         booking = self.engine.booking(booking_id)
         admin = caller.uid not in (0, booking.uid)
         if admin:
-            await self.authority.check(current_call.get(), caller.uid, MANAGE, {
-                "booking": booking_id, "owner_uid": str(booking.uid)})
+            try:
+                await self.authority.check(current_call.get(), caller.uid, MANAGE, {
+                    "booking": booking_id, "owner_uid": str(booking.uid)})
+            except (AccessDenied, InteractionRequired) as exc:
+                whose = f"{booking_id} is {booking.user or f'uid {booking.uid}'}'s booking"
+                if isinstance(exc, InteractionRequired):
+                    whose += (": changing it is an administrator's, who must authenticate "
+                              "(on a terminal, gpuctl asks)")
+                raise NotClaimOwner(whose) from None
         return caller, admin
 
     async def _manager(self):

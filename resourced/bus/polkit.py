@@ -79,6 +79,15 @@ METHOD_ACTIONS = {
 }
 _INTERFACES_WITHOUT_METHODS = (GPU_IFACE,)
 
+IN_WORDS = {
+    CLAIM: "claim GPUs",
+    RESERVE: "book GPUs",
+    REQUEST_RECLAIM: "ask for GPUs back",
+    RELEASE_OTHER: "release other users' claims",
+    MANAGE: "administer resourced (other users' claims and bookings, blackouts, notices)",
+}
+"""What each action lets one do, for the refusals a person reads."""
+
 _AUTHORITY = dict(
     destination="org.freedesktop.PolicyKit1",
     path="/org/freedesktop/PolicyKit1/Authority",
@@ -118,8 +127,10 @@ class Authority:
         if authorized:
             return
         if challenge:
-            raise InteractionRequired(f"{action} needs authentication")
-        raise AccessDenied(f"uid {uid} is not authorized for {action}")
+            raise InteractionRequired(f"to {IN_WORDS[action]} here, authenticate first (polkit "
+                                      f"action {action})")
+        raise AccessDenied(f"uid {uid} may not {IN_WORDS[action]} on this machine (polkit "
+                           f"action {action})")
 
 
 class SharedAccess(NamedTuple):
@@ -150,11 +161,11 @@ class GroupAuthority:
         if uid in (0, self.host_uid):
             return
         if action not in GROUP_ACTIONS:
-            raise AccessDenied(f"{action} is for the host account ({self.host}) and root on "
-                               "this shared bus")
+            raise AccessDenied(f"only the host account ({self.host}) and root may "
+                               f"{IN_WORDS[action]} on this shared bus")
         if self.gid not in await self._groups_of(msg.sender):
             raise AccessDenied(f"uid {uid} is not in group {self.group}, whose members may "
-                               f"{action.rsplit('.', 1)[1]} on this shared bus")
+                               f"{IN_WORDS[action]} on this shared bus")
 
     async def _groups_of(self, sender: str) -> frozenset[int]:
         groups = self._groups.get(sender)

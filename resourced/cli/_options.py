@@ -130,6 +130,36 @@ class Amount(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+class _Parsed(click.ParamType):
+    """A value one of ``resourced.amounts``' parsers reads, named in its messages by the
+    option's name."""
+
+    parser = ""
+
+    def convert(self, value, param, ctx):
+        from .. import amounts
+
+        if isinstance(value, int):
+            return value
+        try:
+            return getattr(amounts, self.parser)(value, param.opts[0] if param else self.name)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class Memory(_Parsed):
+    """Memory with its unit: ``4G``, ``512M``, ``1.5T`` (a bare number is refused: 4000
+    what?)."""
+
+    name, parser = "SIZE", "parse_memory"
+
+
+class Count(_Parsed):
+    """A whole number greater than 0, without a unit: CPU cores."""
+
+    name, parser = "N", "parse_count"
+
+
 class PoolAmount(click.ParamType):
     """``NAME=AMOUNT`` for a named pool."""
 
@@ -158,3 +188,28 @@ class Duration(click.ParamType):
             return parse_duration(value)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+
+
+class CommandAfterDashes(click.Command):
+    """A command whose COMMAND comes after ``--``: it notes how many words came after the
+    first ``--``, so that ``refuse_stray_words`` can tell a stray word before it."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta["words_after_dashes"] = len(args) - args.index("--") - 1 if "--" in args else None
+        return super().parse_args(ctx, args)
+
+
+def refuse_stray_words(command: tuple, form: str, dashes_needed: bool = False) -> None:
+    """A word before ``--`` (``--for 2 hours``, ``--label my job``) is an option's second
+    word, never the command to run: refused, before anything is asked of the daemon."""
+    after = click.get_current_context().meta.get("words_after_dashes")
+    if after is None:
+        if command and dashes_needed:
+            raise click.UsageError(f"unexpected argument {command[0]!r}: the command goes "
+                                   f"after --: {form}")
+        return
+    stray = command[:len(command) - after]
+    if stray:
+        raise click.UsageError(f"unexpected argument {stray[0]!r} before --: an option takes "
+                               f"one word (quote a label with spaces; --for 2h, not 2 hours), "
+                               f"and the command goes after --: {form}")

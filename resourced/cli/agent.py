@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from ..bus.names import JSON_SCHEMA
-from ._options import Amount, Duration, bus_option, client, emit_json, json_option
+from ._options import Count, Duration, Memory, bus_option, client, emit_json, json_option
 
 SKILL_NAME = "resourced-gpus"
 SKILL_DIRS = {"claude": "~/.claude/skills"}
@@ -104,9 +104,9 @@ def _context(bus) -> dict:
 
 @agent.command()
 @click.option("--gpus", type=click.IntRange(1, 2**32 - 1), help="Whole GPUs.")
-@click.option("--vram", type=Amount(), help="A share of one GPU's memory.")
-@click.option("--ram", type=Amount(), help="Host RAM.")
-@click.option("--cpu", type=Amount(), help="CPU cores.")
+@click.option("--vram", type=Memory(), help="A share of one GPU's memory.")
+@click.option("--ram", type=Memory(), help="Host RAM.")
+@click.option("--cpu", type=Count(), help="CPU cores.")
 @click.option("--for", "duration", type=Duration(), required=True, help="How long.")
 @bus_option
 @json_option

@@ -11,8 +11,10 @@ import click
 from ..agent_context import iso_utc, with_times
 from ..bus.names import JSON_SCHEMA
 from ._options import (
-    Amount,
+    CommandAfterDashes,
+    Count,
     Duration,
+    Memory,
     PoolAmount,
     bus_option,
     client,
@@ -20,6 +22,7 @@ from ._options import (
     echo_table,
     emit_json,
     json_option,
+    refuse_stray_words,
     session_option,
 )
 from .status import table
@@ -67,9 +70,9 @@ def booking_options(fn):
         click.option("--gpu", "named", type=GpuList(),
                      help="These GPUs, whole (alias, index or UUID; comma-separated)."),
         click.option("--exclude", type=GpuList(), help="Never these GPUs."),
-        click.option("--vram", type=Amount(), help="A share of one GPU's memory, e.g. 24G."),
-        click.option("--ram", type=Amount(), help="Host RAM from the ram pool, e.g. 4G."),
-        click.option("--cpu", type=Amount(), help="CPU cores from the cpu pool."),
+        click.option("--vram", type=Memory(), help="A share of one GPU's memory, e.g. 24G."),
+        click.option("--ram", type=Memory(), help="Host RAM from the ram pool, e.g. 4G."),
+        click.option("--cpu", type=Count(), help="CPU cores from the cpu pool."),
         click.option("--pool", "pools", type=PoolAmount(), multiple=True,
                      help="An amount of a named pool, NAME=AMOUNT (repeatable)."),
         click.option("--exclusive", is_flag=True, default=None,
@@ -103,16 +106,7 @@ def _request(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task
     return {k: v for k, v in request.items() if v is not None}
 
 
-class _CommandAfterDashes(click.Command):
-    """``book``: a command only after ``--``, so that a stray word (a forgotten --at)
-    is refused rather than kept as a command to run."""
-
-    def parse_args(self, ctx, args):
-        ctx.meta["command_after_dashes"] = "--" in args
-        return super().parse_args(ctx, args)
-
-
-@click.command(cls=_CommandAfterDashes)
+@click.command(cls=CommandAfterDashes)
 @booking_options
 @click.option("--for", "duration", type=Duration(), required=True,
               help="How long: 30m, 2h, 1d2h...")
@@ -144,9 +138,7 @@ def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_nam
     """
     from ..booking_calls import now_usec
 
-    if command and not click.get_current_context().meta.get("command_after_dashes"):
-        raise click.UsageError(f"unexpected argument {command[0]!r}: a command to run at the "
-                               "start goes after --: gpuctl book ... -- COMMAND [ARGS]...")
+    refuse_stray_words(command, "gpuctl book ... -- COMMAND [ARGS]...", dashes_needed=True)
     request = _request(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label,
                        task_name, default_gpu=True)
     if op_id is not None:

@@ -10,8 +10,10 @@ import click
 
 from ..bus.names import JSON_SCHEMA
 from ._options import (
-    Amount,
+    CommandAfterDashes,
+    Count,
     Duration,
+    Memory,
     PoolAmount,
     bus_option,
     client,
@@ -20,6 +22,7 @@ from ._options import (
     dry_run_option,
     emit_json,
     json_option,
+    refuse_stray_words,
     session_option,
 )
 
@@ -32,9 +35,9 @@ def demand_options(fn):
     options = [
         click.option("--gpus", type=click.IntRange(1, UINT32_MAX),
                      help="Whole GPUs (default 1 when nothing else is asked for)."),
-        click.option("--vram", type=Amount(), help="A share of one GPU's memory, e.g. 20G."),
-        click.option("--ram", type=Amount(), help="Host RAM from the ram pool, e.g. 4G."),
-        click.option("--cpu", type=Amount(), help="CPU cores from the cpu pool."),
+        click.option("--vram", type=Memory(), help="A share of one GPU's memory, e.g. 20G."),
+        click.option("--ram", type=Memory(), help="Host RAM from the ram pool, e.g. 4G."),
+        click.option("--cpu", type=Count(), help="CPU cores from the cpu pool."),
         click.option("--pool", "pools", type=PoolAmount(), multiple=True,
                      help="An amount of a named pool, NAME=AMOUNT (repeatable)."),
         click.option("--priority", type=INT32, default=0, show_default=True,
@@ -109,7 +112,7 @@ index_option = click.option(
 )
 
 
-@click.command(context_settings={"allow_interspersed_args": False})
+@click.command(cls=CommandAfterDashes, context_settings={"allow_interspersed_args": False})
 @demand_options
 @click.option("--allocation", metavar="REF", shell_complete=complete_claims,
               help="Run on this development claim instead.")
@@ -144,6 +147,7 @@ def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet, a
     """
     from .launch import PendingChild
 
+    refuse_stray_words(command, "gpuctl run ... -- COMMAND [ARGS]...")
     asked = demand(gpus, vram, ram, cpu, pools)
     if allocation and (gpus is not None or vram or ram or cpu or pools or duration
                        or session is not None):

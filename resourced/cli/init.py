@@ -55,7 +55,10 @@ def init(system, output, force, as_json):
 
     if as_json and str(output) == "-":
         raise click.UsageError("-o - prints the TOML itself; --json reports a file written")
-    backend = select_backend()
+    try:
+        backend = select_backend()
+    except ValueError as exc:
+        raise GpuctlError(str(exc), 2) from exc
     try:
         gpus = backend.inventory()
     except BackendError as exc:

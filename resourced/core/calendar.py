@@ -55,6 +55,7 @@ class Limits:
     retention: float = 30 * 86400     # how long ended bookings stay queryable
     gpu_hours_per_user: float = 0     # GPU-hours of one user's live bookings
     gpu_hours_per_session: float = 0  # ... of one session's
+    exempt: frozenset[int] = frozenset()  # uids the per-user limits spare (never a session's)
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,7 @@ class Calendar:
                     raise InvalidRequest(f"operation id {quoted(op_id)} was used for another request")
                 return self.bookings[seen[1]], "exists", []
         live = self._live_of.get(uid, 0)
-        if uid != 0 and self.limits.per_user and live >= self.limits.per_user:
+        if uid not in self.limits.exempt and self.limits.per_user and live >= self.limits.per_user:
             raise LimitExceeded(f"uid {uid} already has {live} bookings, the most one user may "
                                 "have (max_bookings_per_user)")
         start, gpus, share = self._admit(request, now)
@@ -527,12 +528,13 @@ class Calendar:
 
     def _check_hours(self, booking: Booking, old: Booking | None = None) -> None:
         """Refuse a booking (or a change: ``old`` is what it replaces) that takes its user or
-        session past their GPU-hours (root is exempt)."""
-        if booking.uid == 0 or (old is not None and booking.gpu_usec <= old.gpu_usec):
+        session past their GPU-hours (a user the configuration exempts: its session's only)."""
+        if old is not None and booking.gpu_usec <= old.gpu_usec:
             return
         added = booking.gpu_usec - (old.gpu_usec if old is not None else 0)
+        per_user = 0 if booking.uid in self.limits.exempt else self.limits.gpu_hours_per_user
         for key, most, name in (
-                (booking.uid, self.limits.gpu_hours_per_user, "max_booked_gpu_hours_per_user"),
+                (booking.uid, per_user, "max_booked_gpu_hours_per_user"),
                 ((booking.uid, booking.session), self.limits.gpu_hours_per_session,
                  "max_booked_gpu_hours_per_session")):
             booked = self._booked_of[key]

@@ -33,7 +33,7 @@ BAD_CLAIMS = [
     (["claim", "--gpus", "1", "--owner-pid", "4294967295"], 2, "out of range"),
     (["claim", "--gpus", "1", "--owner-pid", "4294967296"], 2, "4294967296"),
     (["claim", "--owner-pid", "{pid}", "--ram", "99999999P"], 2, "too large"),
-    (["claim", "--owner-pid", "{pid}", "--ram", "18446744073709551616"], 2, "too large"),
+    (["claim", "--owner-pid", "{pid}", "--ram", "18446744073709551616K"], 2, "too large"),
     (["claim", "--owner-pid", "{pid}", "--vram", "-4G"], 2, "negative"),
     (["claim", "--owner-pid", "{pid}", "--gpus", "0"], 2, "0"),
     (["claim", "--owner-pid", "{pid}", "--gpus", "99"], 3, "the machine has 4"),

@@ -683,7 +683,7 @@ def test_a_run_on_an_active_booking_of_the_stopped_session_gets_the_reclaim_sign
         assert run.returncode == 0
 
 
-# == limits: configured, shown, and root exempt =============================================
+# == limits: configured, shown, and root under them ========================================
 
 
 SESSION_LIMITS = {"max_gpus_per_user": 1, "max_claims_per_session": 1,
@@ -691,17 +691,21 @@ SESSION_LIMITS = {"max_gpus_per_user": 1, "max_claims_per_session": 1,
                   "max_booked_gpu_hours_per_session": 0.5}
 
 
-def test_the_session_limits_are_shown_and_root_is_exempt(start_daemon, tmp_path, owner):
+def test_the_session_limits_are_shown_and_hold_for_root_too(start_daemon, tmp_path, owner):
+    """An agent swarm run as root, as in most containers, is capped by its session's
+    limits; ``exempt_users`` spares root the per-user ones only."""
     config = tmp_path / "config.toml"
-    config.write_text("[daemon]\n" + "".join(f"{k} = {v}\n" for k, v in SESSION_LIMITS.items()))
+    config.write_text("[daemon]\nexempt_users = [\"root\"]\n"
+                      + "".join(f"{k} = {v}\n" for k, v in SESSION_LIMITS.items()))
     start_daemon(args=["--config", str(config)])
 
     limits = ok_json("status")["limits"]
     assert {k: limits[k] for k in SESSION_LIMITS} == SESSION_LIMITS
 
-    # root (these tests) is past every one of them, and nothing refuses it
-    claim(owner.pid, "--gpus", "2", "--session", "A", "--for", "30m")
+    # root (these tests) is under each session limit, and past the per-user ones
     claim(owner.pid, "--gpus", "1", "--session", "A", "--for", "30m")
-    book("--gpus", "2", "--session", "A")
-    assert ok_json("sessions")[0]["session"] == "A"
-    assert len(ok_json("sessions")[0]["claims"]) == 2
+    over = gpuctl("claim", "--owner-pid", str(owner.pid), "--gpus", "1", "--session", "A")
+    assert over.returncode == 12 and "max_claims_per_session" in over.stderr
+    claim(owner.pid, "--gpus", "1", "--session", "B", "--for", "30m")  # 2 GPUs: exempt user
+    found = {s["session"]: s for s in ok_json("sessions")}
+    assert len(found["A"]["claims"]) == 1 and len(found["B"]["claims"]) == 1

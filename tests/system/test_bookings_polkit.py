@@ -16,7 +16,8 @@ import pytest
 from .conftest import BUS_NAME, MANAGER_IFACE, MANAGER_PATH, ok, refused
 
 ACCESS_DENIED = "org.freedesktop.DBus.Error.AccessDenied"
-INTERACTIVE = "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired"
+NOT_YOURS = "org.resourced.Error.NotClaimOwner"
+EXIT_NOT_YOURS = 7
 EXIT_USAGE, EXIT_ACCESS_DENIED = 2, 8
 
 
@@ -72,9 +73,12 @@ def test_nobody_else_changes_a_booking_without_the_administrators_action(rig, ke
     args = {"cancel": ["cancel", ref, "--reason", "mine now"],
             "extend": ["extend", ref, "--by", "1h"],
             "edit": ["edit", ref, "--label", "taken"]}[how]
-    refused(rig.gpuctl(key, *args), EXIT_ACCESS_DENIED)
+    cp = rig.gpuctl(key, *args)
+    refused(cp, EXIT_NOT_YOURS)
+    assert f"{ref} is {rig.login('alice')}'s booking" in cp.stderr
+    assert "org.resourced" not in cp.stderr  # said in words, not as polkit action ids
     result = rig.call(key, "CancelBooking", "ssa{sv}", (ref, "mine now", {}))
-    assert result.get("error") == INTERACTIVE, result  # manage is auth_admin_keep
+    assert result.get("error") == NOT_YOURS, result  # (manage is auth_admin_keep)
     after = booking(rig, ref)
     assert after["state"] == "scheduled" and after["label"] == "" and after["ended"] == ""
 

@@ -115,7 +115,8 @@ def test_polkit_lets_the_access_group_claim_and_refuses_outsiders(service, owner
     refused = ns.gpuctl("claim", "--gpus", "1", "--owner-pid", str(owner("bob")), user=bob,
                         check=False)
     assert refused.returncode == 8, refused  # access denied
-    assert "not authorized for org.resourced.claim" in refused.stderr
+    assert "may not claim GPUs on this machine (polkit action org.resourced.claim)" in \
+        refused.stderr
     # Reading needs no authorization.
     status = json.loads(ns.gpuctl("status", "--json", user=bob).stdout)
     assert [c["id"] for c in status["claims"]] == [ref]

@@ -46,7 +46,7 @@ def test_a_bad_file(tmp_path):
     result = check(str(path))
     assert result.stdout == ""
     assert result.stderr == (
-        f"gpuctl: {path}: daemon.probe_timeout: must be a number greater than 0, not 'abc'\n"
+        f"gpuctl: {path}: daemon.probe_timeout: must be a number greater than 0 and at most 3600, not 'abc'\n"
     )
     assert_one_error_line(result)
 

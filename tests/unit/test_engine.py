@@ -127,13 +127,18 @@ def test_a_user_at_a_limit_is_refused(limits, claims, waiting, wait, says):
     run(test)
 
 
-def test_root_is_exempt_and_zero_means_no_limit():
+def test_root_is_limited_unless_exempt_and_zero_means_no_limit():
     async def test():
         async with engine_on(gpus=2, max_claims_per_user=1, max_waiting_per_user=1) as (engine, _):
             users_claims(engine, 3, 1)
-            for _ in range(3):  # root: no limit applies, so this reaches the queue
-                claim, _ = await engine.claim(Caller(0, os.getpid()), Demand.of(gpus=1), "dev",
-                                              wait=True)
+            root = Caller(0, os.getpid())
+            claim, _ = await engine.claim(root, Demand.of(gpus=1), "dev", wait=True)
+            with pytest.raises(LimitExceeded, match="max_claims_per_user"):
+                await engine.claim(root, Demand.of(gpus=1), "dev", wait=True)  # root too
+            engine.apply_settings(DaemonConfig(max_claims_per_user=1, max_waiting_per_user=1,
+                                               exempt_users=("root",)))
+            for _ in range(3):  # exempt by name: no per-user limit, so this reaches the queue
+                claim, _ = await engine.claim(root, Demand.of(gpus=1), "dev", wait=True)
                 assert claim.state == "queued"
             engine.settings = DaemonConfig(max_claims_per_user=0, max_waiting_per_user=0)
             engine._check_limits(USER, wait=True, demand=Demand.of(gpus=1))  # no limit: no error

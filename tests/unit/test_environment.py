@@ -39,3 +39,14 @@ def test_every_value_is_a_string_and_the_allocation_is_untouched():
     for use_index in (False, True):
         assert all(isinstance(v, str) for v in claim_env(ALLOCATION, use_index).values())
     assert ALLOCATION == before
+
+
+def test_the_jax_fraction_is_exact_to_four_digits_and_never_above_the_share():
+    from resourced.environment import share_fraction
+
+    g = 1 << 30
+    assert share_fraction(int(1.5 * g), 80 * g) == "0.01875"  # not 0.01: half the share
+    assert share_fraction(20 * g, 80 * g) == "0.25"
+    assert share_fraction(g, 3 * g) == "0.3333"  # rounded down
+    assert float(share_fraction(7 * g, 9 * g)) <= 7 / 9
+    assert share_fraction(80 * g, 80 * g) == "1.0"

@@ -1,9 +1,9 @@
 """Agent sessions and the limits on them: in the engine (claims), in the calendar (booked
 GPU-hours) and in the ledger's per-(uid, session) counters, without a bus.
 
-The engine's limits apply to non-root callers only, and the tests run as root: so the
-engine is told (``as_user``) that our own process belongs to USER (uid 1000), which lets
-USER's claims go all the way through ``Engine.claim`` with our pid as the owner.
+The tests run as root, and the engine is told (``as_user``) that our own process belongs
+to USER (uid 1000), which lets USER's claims go all the way through ``Engine.claim`` with
+our pid as the owner.
 """
 
 import os
@@ -224,14 +224,21 @@ def test_releasing_makes_room_again(as_user):
     run(test)
 
 
-def test_root_is_exempt_from_every_session_and_gpu_limit(as_user):
+def test_session_limits_hold_for_root_and_exempt_users_are_spared_only_the_per_user_ones(
+        as_user):
+    """An agent swarm run as root is capped by its session's limits; root is under the
+    per-user ones too, unless ``exempt_users`` names it."""
     async def test():
         async with engine_on(gpus=4, max_gpus_per_user=1, max_claims_per_session=1,
                              max_gpus_per_session=1) as (engine, _):
-            for _ in range(3):
-                c = await claim(engine, "a", caller=ROOT, gpus=1)
-                assert c.state == GRANTED
-            assert counts(engine, "a", uid=0) == (3, 0, 3)
+            assert (await claim(engine, "a", caller=ROOT, gpus=1)).state == GRANTED
+            with pytest.raises(LimitExceeded, match="max_gpus_per_user"):
+                await claim(engine, "b", caller=ROOT, gpus=1)
+            engine.apply_settings(replace(engine.settings, exempt_users=("root",)))
+            with pytest.raises(LimitExceeded, match="max_claims_per_session"):
+                await claim(engine, "a", caller=ROOT, gpus=1)  # exempt: not from a session's
+            assert (await claim(engine, "b", caller=ROOT, gpus=1)).state == GRANTED
+            assert counts(engine, "a", uid=0) == (1, 0, 1)
             assert counts(engine, "a") == (0, 0, 0)  # USER's own count is another one
             assert (await claim(engine, "a", gpus=1)).state == GRANTED
     run(test)
@@ -379,7 +386,9 @@ def test_the_engine_books_in_a_session_under_its_configured_gpu_hours(as_user):
             default, _ = await engine.book(
                 USER, BookingRequest(Demand.of(gpus=1), H, in_hours(now, 5) // 10**6 * 10**6))
             assert default.session == f"sid:{os.getsid(os.getpid())}"
-            big, _ = await engine.book(ROOT, two_gpu_hours(7), session="a")  # root: exempt
+            big, _ = await engine.book(ROOT, two_gpu_hours(7), session="a")  # root's own "a"
+            with pytest.raises(LimitExceeded, match="max_booked_gpu_hours_per_session"):
+                await engine.book(ROOT, two_gpu_hours(9), session="a")  # root: capped too
             assert set(engine.calendar.bookings) == {a1.id, b1.id, default.id, big.id}
             engine.calendar.check_invariants()
 
@@ -417,8 +426,8 @@ def test_gpu_usec_weighs_gpus_by_length_and_a_share_as_one_gpu():
     cal.check_invariants()
 
 
-def test_gpu_hours_per_user_spans_sessions_and_spares_other_users_and_root():
-    cal = calendar(gpu_hours_per_user=4)
+def test_gpu_hours_per_user_spans_sessions_and_spares_other_users_and_exempt_ones():
+    cal = calendar(gpu_hours_per_user=4, exempt=frozenset({0}))
     book(cal, ask(gpus=2, hours=1, at=0), "a1", session="a")
     book(cal, ask(gpus=1, hours=2, at=1), "b1", session="b")  # 4 in all: at the limit
     with pytest.raises(LimitExceeded, match=r"max_booked_gpu_hours_per_user") as info:
@@ -428,8 +437,11 @@ def test_gpu_hours_per_user_spans_sessions_and_spares_other_users_and_root():
         book(cal, ask(vram=GIB, hours=1, at=4), "c2", session="c")  # a share: one GPU too
     book(cal, ask(cpu=2, hours=8, at=4), "c3", session="c")  # no GPU: no GPU-hours
     book(cal, ask(gpus=3, hours=1, at=5), "bob", uid=BOB)
-    book(cal, ask(gpus=3, hours=5, at=6), "root", uid=0)
+    book(cal, ask(gpus=3, hours=5, at=6), "root", uid=0)  # exempt
     assert set(cal.bookings) == {"a1", "b1", "c3", "bob", "root"}
+    plain = calendar(gpu_hours_per_user=4)
+    with pytest.raises(LimitExceeded, match="uid 0"):
+        book(plain, ask(gpus=3, hours=5, at=6), "root", uid=0)  # root is under it too
     assert booked_hours(cal, ALICE) == 4
     cal.check_invariants()
 

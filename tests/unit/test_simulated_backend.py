@@ -145,9 +145,18 @@ def test_a_file_that_is_not_utf8_is_a_backend_error(tmp_path):
         SimulatedBackend(path=str(path)).inventory()
 
 
-def test_a_missing_file_is_a_backend_error(tmp_path):
-    backend = SimulatedBackend.from_setting(str(tmp_path / "absent.json"))
-    with pytest.raises(BackendError, match="absent.json"):
+@pytest.mark.parametrize("setting", ["four", "absent.json", "4097"])
+def test_a_setting_that_names_nothing_is_refused_naming_the_variable(tmp_path, setting):
+    with pytest.raises(ValueError, match=f"RESOURCED_SIMULATED_GPUS={setting}: "):
+        SimulatedBackend.from_setting(setting)
+
+
+def test_a_file_removed_later_is_a_backend_error(tmp_path):
+    path = tmp_path / "gone.json"
+    path.write_text('{"gpus": []}')
+    backend = SimulatedBackend.from_setting(str(path))
+    path.unlink()
+    with pytest.raises(BackendError, match="gone.json"):
         backend.inventory()
 
 
@@ -240,7 +249,8 @@ def test_select_backend_takes_a_file_from_the_environment(tmp_path):
 
 
 def test_select_backend_defers_a_broken_file_to_the_first_look(tmp_path):
-    backend = select_backend({SIMULATION_VARIABLE: str(tmp_path / "absent.json")})
+    (tmp_path / "broken.json").write_text("{not json")
+    backend = select_backend({SIMULATION_VARIABLE: str(tmp_path / "broken.json")})
     assert isinstance(backend, SimulatedBackend)
     with pytest.raises(BackendError):
         backend.inventory()

@@ -1,6 +1,8 @@
 from datetime import UTC, datetime, timedelta, timezone
 
 import click
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -114,11 +116,8 @@ def local(now, *args):
         ("+1H", (2026, 12, 1, 15, 30)),
         ("20:00", (2026, 12, 1, 20, 0)),
         ("14:31", (2026, 12, 1, 14, 31)),
-        ("14:30", (2026, 12, 2, 14, 30)),  # equal to now: tomorrow
-        ("14:29", (2026, 12, 2, 14, 29)),
-        ("09:00", (2026, 12, 2, 9, 0)),
-        ("9:00", (2026, 12, 2, 9, 0)),
         ("0:00", (2026, 12, 2, 0, 0)),
+        ("2:30", (2026, 12, 2, 2, 30)),  # 12 h ahead: still clear
         ("23:59", (2026, 12, 1, 23, 59)),
         ("20:00:30", (2026, 12, 1, 20, 0, 30)),
         ("today 20:00", (2026, 12, 1, 20, 0)),
@@ -179,7 +178,7 @@ def test_parse_when_today_is_the_date_in_the_zone_of_now():
     now = datetime(2026, 12, 1, 23, 30, tzinfo=UTC).astimezone(PLUS1)
     assert parse_when("today 09:00", now) == datetime(2026, 12, 2, 9, 0, tzinfo=PLUS1)
     assert parse_when("01:00", now) == datetime(2026, 12, 2, 1, 0, tzinfo=PLUS1)
-    assert parse_when("00:15", now) == datetime(2026, 12, 3, 0, 15, tzinfo=PLUS1)
+    assert parse_when("tomorrow 00:15", now) == datetime(2026, 12, 3, 0, 15, tzinfo=PLUS1)
 
 
 def test_parse_when_plus_crosses_month_and_year():
@@ -358,3 +357,18 @@ def test_a_day_word_alone_is_its_start_and_yesterday_reads_back():
     assert parse_when("today", now) == datetime(2026, 12, 1, tzinfo=UTC)
     then = now - timedelta(hours=20)
     assert parse_when(format_when(then, now), now) == then  # "yesterday 19:30"
+
+
+@pytest.mark.parametrize("now", [NOW, NOW1], ids=["utc", "plus1"])
+@pytest.mark.parametrize("text, says", [
+    ("14:30", "14:30 is this very minute"),
+    ("14:30:59", "14:30:59 is this very minute"),
+    ("14:29", "14:29 has passed today (it is 14:30)"),
+    ("09:00", "09:00 has passed today (it is 14:30)"),
+    ("2:31", "2:31 has passed today"),
+])
+def test_a_bare_time_of_day_never_adds_a_day_silently(now, text, says):
+    with pytest.raises(ValueError, match=re.escape(says)) as info:
+        parse_when(text, now)
+    hhmm = f"{int(text.split(':')[0]):02d}:{text.split(':')[1]}"
+    assert f"say now, today {hhmm}, tomorrow {hhmm} or +DURATION" in str(info.value)
