@@ -60,8 +60,22 @@ class StartupError(Exception):
         self.exit_code = exit_code
 
 
+ENVIRONMENT = """environment:
+  RESOURCED_CONFIG          the configuration file (after --config)
+  RESOURCED_RUNTIME_DIR     where live claims are kept (default: per mode)
+  RESOURCED_STATE_DIR       where the calendar and the usage history are kept
+  RESOURCED_SIMULATED_GPUS  simulated GPUs: a number (0-4096) or a simulation file
+  RESOURCED_SIMULATED_CLOCK with simulated GPUs: a file holding the instant that is now
+  RESOURCED_JOURNAL_SOCKET  the journal's socket for the audit events
+  DBUS_SESSION_BUS_ADDRESS, DBUS_SYSTEM_BUS_ADDRESS  the buses
+  XDG_RUNTIME_DIR, XDG_STATE_HOME  the session daemon's default directories
+  NOTIFY_SOCKET, WATCHDOG_USEC, WATCHDOG_PID, STATE_DIRECTORY, JOURNAL_STREAM  set by systemd"""
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="resourced", description="The resourced daemon.")
+    p = argparse.ArgumentParser(prog="resourced", description="The resourced daemon.",
+                                epilog=ENVIRONMENT,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     bus = p.add_mutually_exclusive_group()
     bus.add_argument("--session", dest="mode", action="store_const", const="session",
                      help="serve one user on the session bus (the default)")

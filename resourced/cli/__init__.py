@@ -70,6 +70,17 @@ class LazyGroup(click.Group):
             return None
         return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
 
+    def resolve_command(self, ctx, args):
+        """An unknown subcommand is refused with the nearest names ("did you mean")."""
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            import difflib
+
+            near = difflib.get_close_matches(name, [*COMMANDS, *ALIASES], n=3, cutoff=0.6)
+            hint = f" Did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+            ctx.fail(f"No such command {name!r}.{hint}")
+        return super().resolve_command(ctx, args)
+
     def format_commands(self, ctx, formatter):
         """List the commands from the table, so ``gpuctl --help`` imports none of them."""
         rows = [(name, help_text) for name, (_, _, help_text) in COMMANDS.items()]

@@ -111,3 +111,22 @@ def test_extend_until_a_time_that_passed_is_refused(clocked_daemon):
     assert r.returncode == 2 and "08:59 has passed today" in r.stderr
     [booking] = json.loads(gpuctl("bookings", "--json").stdout)
     assert booking["end"] == "2026-12-01T11:00:00Z"  # unchanged
+
+
+@pytest.mark.parametrize("typed, says", [
+    ("stauts", "No such command 'stauts'. Did you mean 'status'?"),
+    ("bookingz", "Did you mean 'bookings' or 'book'?"),
+    ("xyzzy", "No such command 'xyzzy'. (see"),
+])
+def test_a_mistyped_command_says_what_it_may_have_meant(typed, says):
+    r = gpuctl(typed)
+    assert r.returncode == 2 and says in r.stderr
+
+
+def test_the_daemons_help_lists_the_environment_it_reads():
+    r = subprocess.run([sys.executable, "-m", "resourced.daemon", "--help"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0
+    for name in ("RESOURCED_CONFIG", "RESOURCED_RUNTIME_DIR", "RESOURCED_STATE_DIR",
+                 "RESOURCED_SIMULATED_GPUS", "RESOURCED_SIMULATED_CLOCK"):
+        assert name in r.stdout
