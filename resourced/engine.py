@@ -120,6 +120,7 @@ class Caller:
     uid: int
     pid: int
     bus_name: str = ""
+    nested: bool = False  # in a pid namespace below ours (a container): it names its own pids
 
 
 def managed_gpus(present: list[Gpu], configured: tuple[GpuEntry, ...]) -> tuple[list[Gpu], list[GpuEntry]]:
@@ -1034,7 +1035,9 @@ def _callers_process(caller: Caller, pid: int, role: str,
     highest = pid_max()
     if not 0 < pid <= highest:
         raise InvalidRequest(f"{role} pid {pid} is out of range: pids run from 1 to {highest}")
-    given, pid = pid, in_callers_namespace(caller.pid, pid)  # a caller in a container
+    given = pid
+    if caller.nested:  # a caller in a container names the pids of its namespace
+        pid = in_callers_namespace(caller.pid, pid)
     try:
         pinned = None if pid is None else watcher.pin(pid) or pin_process(pid)
     except OSError as exc:

@@ -10,6 +10,7 @@ import contextvars
 from dbus_fast import Message, MessageType
 
 from ..engine import Caller
+from ..evidence.pidns import nested
 from .names import BUS_DRIVER
 
 current_call: contextvars.ContextVar[Message] = contextvars.ContextVar("current_call")
@@ -39,7 +40,10 @@ class Credentials:
         if reply.message_type is not MessageType.METHOD_RETURN:
             raise PermissionError(f"the bus gave no credentials for {sender}")
         creds = reply.body[0]
-        caller = Caller(uid=creds["UnixUserID"].value, pid=creds["ProcessID"].value, bus_name=sender)
+        pid = creds["ProcessID"].value
+        # (once per connection: the claim path asks it of every call)
+        caller = Caller(uid=creds["UnixUserID"].value, pid=pid, bus_name=sender,
+                        nested=nested(pid))
         if len(self._cache) >= self._cache_size:
             self._cache.pop(next(iter(self._cache)))
         self._cache[sender] = caller
