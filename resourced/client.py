@@ -119,15 +119,15 @@ def requested_bus(bus: str | None) -> str | None:
     return bus
 
 
-def _amount(value, name: str = "") -> int:
-    """Bytes or a count from an int or text like ``"20G"``; InvalidRequest (prefixed with
-    ``name``, when given) for anything else."""
-    from .amounts import parse_amount
+def _parsed(parser: str, value, *name: str) -> int:
+    """``resourced.amounts``' ``parser`` (parse_amount, parse_memory, parse_count) of
+    ``value``; its refusal as InvalidRequest."""
+    from . import amounts
 
     try:
-        return parse_amount(value)
+        return getattr(amounts, parser)(value, *name)
     except ValueError as exc:
-        raise InvalidRequest(f"{name}: {exc}" if name else str(exc)) from None
+        raise InvalidRequest(str(exc)) from None
 
 
 def _whole(name: str, value, low: int, high: int) -> int:
@@ -164,24 +164,6 @@ def session_option(session: str | None) -> dict:
     return {} if session is None else {"Session": ("s", _text("session", session))}
 
 
-def _memory(value, name: str) -> int:
-    from .amounts import parse_memory
-
-    try:
-        return parse_memory(value, name)
-    except ValueError as exc:
-        raise InvalidRequest(str(exc)) from None
-
-
-def _count(value, name: str) -> int:
-    from .amounts import parse_count
-
-    try:
-        return parse_count(value, name)
-    except ValueError as exc:
-        raise InvalidRequest(str(exc)) from None
-
-
 def memory_and_counts(vram=None, ram=None, cpu=None, pools=None, vram_mb=None, ram_mb=None
                       ) -> tuple[int | None, dict[str, int]]:
     """(VRAM bytes or None, pool amounts) from friendly arguments: memory as text with a
@@ -194,12 +176,13 @@ def memory_and_counts(vram=None, ram=None, cpu=None, pools=None, vram_mb=None, r
         vram = _whole("vram_mb", vram_mb, 1, UINT32_MAX) * 1024**2
     if ram_mb is not None:
         ram = _whole("ram_mb", ram_mb, 1, UINT32_MAX) * 1024**2
-    amounts = {_text("pool name", name): _amount(v) for name, v in (pools or {}).items()}
+    amounts = {_text("pool name", name): _parsed("parse_amount", v)
+               for name, v in (pools or {}).items()}
     if ram is not None:
-        amounts["ram"] = _memory(ram, "ram")
+        amounts["ram"] = _parsed("parse_memory", ram, "ram")
     if cpu is not None:
-        amounts["cpu"] = _count(cpu, "cpu")
-    return None if vram is None else _memory(vram, "vram"), amounts
+        amounts["cpu"] = _parsed("parse_count", cpu, "cpu")
+    return None if vram is None else _parsed("parse_memory", vram, "vram"), amounts
 
 
 def demand_options(gpus: int = 0, vram=None, ram=None, cpu=None, pools=None, vram_mb=None,
