@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from . import __version__, install
-from .config import ConfigError, find_config, load_config
+from .config import Config, ConfigError, find_config, load_config
 from .core.diagnosis import FAIL, OK, SKIPPED, WARN, check
 from .errors import ResourcedError
 
@@ -48,8 +48,8 @@ def run(bus: str | None, probe: bool = False, environ=os.environ) -> list[dict]:
         checks.append(version(view["version"]))
     checks.append(service(environ))
     mode = view["mode"] if view else ("system" if bus == "system" else "session")
-    checks.append(configuration(mode, environ))
-    checks.append(textfile(mode, environ))
+    found, config = configuration(mode, environ)
+    checks += [found, textfile(config)]
     if client is not None:
         checks += daemon_checks(client)
         checks.append(device_nodes(view))
@@ -151,26 +151,26 @@ def _dead_interpreter(modes: list[str], environ) -> str:
     return ""
 
 
-def configuration(mode: str, environ) -> dict:
+def configuration(mode: str, environ) -> tuple[dict, Config | None]:
+    """The check of the configuration the daemon of ``mode`` reads, and that configuration
+    (None when it cannot be read), for the checks that look at its settings."""
     try:
         path = find_config(None, environ, system=mode == "system")
         config = load_config(path)
     except ConfigError as exc:
         return check("config", FAIL, str(exc), "fix what it names, then gpuctl config check "
-                     "and systemctl reload resourced (or restart the daemon)")
+                     "and systemctl reload resourced (or restart the daemon)"), None
     if path is None:
-        return check("config", OK, "no configuration file: the defaults apply")
+        return check("config", OK, "no configuration file: the defaults apply"), config
     if config.notes:
         return check("config", WARN, f"{path}: {config.notes[0]}", "see gpuctl config check",
-                     path=str(path), notes=list(config.notes))
-    return check("config", OK, f"{path}: ok", path=str(path))
+                     path=str(path), notes=list(config.notes)), config
+    return check("config", OK, f"{path}: ok", path=str(path)), config
 
 
-def textfile(mode: str, environ, now: float | None = None) -> dict:
+def textfile(config: Config | None, now: float | None = None) -> dict:
     """``[metrics] textfile``: there, and written within two health samples."""
-    try:
-        config = load_config(find_config(None, environ, system=mode == "system"))
-    except ConfigError:
+    if config is None:
         return check("metrics", SKIPPED, "the configuration cannot be read (see config)")
     path = config.metrics.textfile
     if not path:

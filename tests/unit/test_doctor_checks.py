@@ -90,12 +90,12 @@ def test_a_changed_or_missing_file_is_named(tmp_path):
 def test_a_broken_configuration_fails_with_its_problem(tmp_path):
     bad = tmp_path / "config.toml"
     bad.write_text("[daemon]\nsample_interval = -1\n")
-    found = doctor.configuration("session", {"RESOURCED_CONFIG": str(bad)})
+    found, config = doctor.configuration("session", {"RESOURCED_CONFIG": str(bad)})
     assert found["status"] == FAIL and "sample_interval" in found["summary"]
-    assert "gpuctl config check" in found["fix"]
+    assert "gpuctl config check" in found["fix"] and config is None
     good = tmp_path / "good.toml"
     good.write_text("[daemon]\nsample_interval = 5\n")
-    assert doctor.configuration("session", {"RESOURCED_CONFIG": str(good)})["status"] == OK
+    assert doctor.configuration("session", {"RESOURCED_CONFIG": str(good)})[0]["status"] == OK
 
 
 def test_another_daemon_version_warns():
@@ -117,10 +117,16 @@ def test_the_metrics_textfile_must_be_there_and_current(tmp_path):
     config = tmp_path / "config.toml"
     config.write_text(f'[daemon]\nsample_interval = 10\n[metrics]\ntextfile = "{prom}"\n')
     env = {"RESOURCED_CONFIG": str(config)}
-    assert doctor.textfile("session", env)["status"] == FAIL  # not written
+
+    def textfile(**kw):
+        return doctor.textfile(doctor.configuration("session", env)[1], **kw)
+
+    assert textfile()["status"] == FAIL  # not written
     prom.write_text("resourced_gpus_free 1\n")
-    assert doctor.textfile("session", env)["status"] == OK
-    stale = doctor.textfile("session", env, now=prom.stat().st_mtime + 60)
+    assert textfile()["status"] == OK
+    stale = textfile(now=prom.stat().st_mtime + 60)
     assert stale["status"] == FAIL and "60 s ago" in stale["summary"]
     config.write_text("")
-    assert doctor.textfile("session", env)["status"] == SKIPPED
+    assert textfile()["status"] == SKIPPED
+    config.write_text("[daemon]\nsample_interval = -1\n")
+    assert textfile()["status"] == SKIPPED  # unreadable: said by the config check
