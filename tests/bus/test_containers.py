@@ -8,12 +8,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from ..conftest import eventually, gpuctl
-from .test_evidence import Simulation
+from .test_evidence import sim  # noqa: F401 - the simulated driver, a fixture
 
 GPUCTL = f"{sys.executable} -m resourced.cli"
 CONTAINER = ["unshare", "--pid", "--fork", "--mount-proc"]
@@ -22,11 +21,6 @@ ROOTLESS = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,
     reason="new pid namespaces need root and util-linux's unshare")
-
-
-@pytest.fixture
-def sim(tmp_path) -> Simulation:
-    return Simulation(tmp_path / "gpus.json")
 
 
 @pytest.fixture
@@ -118,53 +112,43 @@ def test_a_process_in_the_container_below_the_claims_owner_is_the_claims(start_d
     assert f"[claim {ref}]  (in a pid namespace of its own)" in text
 
 
-def test_a_container_started_for_a_claim_counts_as_its_own(start_daemon, sim, containers):
+def test_a_container_started_for_a_claim_counts_as_its_own(start_daemon, sim, containers,
+                                                           owner):
     """Not below the claim's processes (a container engine's daemon starts it), but its
     environment names the claim, as `gpuctl env --docker` hands it on."""
     start_daemon(gpus=str(sim.path))
-    holder = subprocess.Popen(["sleep", "60"])
-    try:
-        ref = gpuctl("claim", "--gpus", "1", "--owner-pid", str(holder.pid)).stdout.strip()
-        [claim] = claims()
-        for named, status in ((ref, "OK"), ("cnosuch", "FOREIGN PROCESS")):
-            box = containers("exec sleep 30", env={"RESOURCED_ALLOCATION": named})
-            inside = init_of(box)
-            sim.put(claim["gpu_indices"][0], inside)
-            [report] = [
-                r for r in json.loads(gpuctl("verify", "--json").stdout)["gpus"]
-                if r["claim"] == ref]
-            assert report["status"] == status, report
-            process = report["processes"][0]
-            if status == "OK":
-                assert process["claim"] == ref
-            else:
-                assert process["claim"] == "" and "namespace" in process["ambiguous"]
-            box.kill()
-            box.wait(10)
-    finally:
-        holder.kill()
-        holder.wait()
+    ref = gpuctl("claim", "--gpus", "1", "--owner-pid", str(owner.pid)).stdout.strip()
+    [claim] = claims()
+    for named, status in ((ref, "OK"), ("cnosuch", "FOREIGN PROCESS")):
+        box = containers("exec sleep 30", env={"RESOURCED_ALLOCATION": named})
+        inside = init_of(box)
+        sim.put(claim["gpu_indices"][0], inside)
+        [report] = [r for r in json.loads(gpuctl("verify", "--json").stdout)["gpus"]
+                    if r["claim"] == ref]
+        assert report["status"] == status, report
+        process = report["processes"][0]
+        if status == "OK":
+            assert process["claim"] == ref
+        else:
+            assert process["claim"] == "" and "namespace" in process["ambiguous"]
+        box.kill()
+        box.wait(10)
 
 
-def test_env_prints_the_container_options_of_a_claim(daemon):
-    holder = subprocess.Popen(["sleep", "60"])
-    try:
-        ref = gpuctl("claim", "--gpus", "2", "--owner-pid", str(holder.pid)).stdout.strip()
-        [claim] = claims()
-        docker = gpuctl("env", "--allocation", ref, "--docker")
-        assert docker.returncode == 0
-        words = docker.stdout.split()
-        assert words[:2] == ["--gpus", '"device=' + ",".join(claim["gpu_uuids"]) + '"']
-        assert f"RESOURCED_ALLOCATION={ref}" in words
-        assert not any(w.startswith("CUDA_VISIBLE_DEVICES=") for w in words)
-        podman = json.loads(gpuctl("env", "--allocation", ref, "--podman", "--json").stdout)
-        assert podman[:4] == ["--device", f"nvidia.com/gpu={claim['gpu_indices'][0]}",
-                              "--device", f"nvidia.com/gpu={claim['gpu_indices'][1]}"]
-        refused = gpuctl("env", "--allocation", ref, "--docker", "--index")
-        assert refused.returncode == 2 and "--index does not apply" in refused.stderr
-    finally:
-        holder.kill()
-        holder.wait()
+def test_env_prints_the_container_options_of_a_claim(daemon, owner):
+    ref = gpuctl("claim", "--gpus", "2", "--owner-pid", str(owner.pid)).stdout.strip()
+    [claim] = claims()
+    docker = gpuctl("env", "--allocation", ref, "--docker")
+    assert docker.returncode == 0
+    words = docker.stdout.split()
+    assert words[:2] == ["--gpus", '"device=' + ",".join(claim["gpu_uuids"]) + '"']
+    assert f"RESOURCED_ALLOCATION={ref}" in words
+    assert not any(w.startswith("CUDA_VISIBLE_DEVICES=") for w in words)
+    podman = json.loads(gpuctl("env", "--allocation", ref, "--podman", "--json").stdout)
+    assert podman[:4] == ["--device", f"nvidia.com/gpu={claim['gpu_indices'][0]}",
+                          "--device", f"nvidia.com/gpu={claim['gpu_indices'][1]}"]
+    refused = gpuctl("env", "--allocation", ref, "--docker", "--index")
+    assert refused.returncode == 2 and "--index does not apply" in refused.stderr
 
 
 def _sleep_below(init: int) -> int:

@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -97,19 +95,14 @@ def test_probe_claims_and_books_and_leaves_nothing_behind(daemon):
     assert not any(id.startswith("probe.") for id in plain)  # nothing is tried without it
 
 
-def test_metrics_agree_with_status(daemon):
-    held = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        ref = gpuctl("claim", "--gpus", "2", "--owner-pid", str(held.pid)).stdout.strip()
-        assert ref
-        gpuctl("release", "--allocation", "nosuch")  # an error, counted
-        status = json.loads(gpuctl("status", "--json").stdout)
-        done = gpuctl("metrics")
-        assert done.returncode == 0
-        found = samples(done.stdout)
-    finally:
-        held.kill()
-        held.wait()
+def test_metrics_agree_with_status(daemon, owner):
+    ref = gpuctl("claim", "--gpus", "2", "--owner-pid", str(owner.pid)).stdout.strip()
+    assert ref
+    gpuctl("release", "--allocation", "nosuch")  # an error, counted
+    status = json.loads(gpuctl("status", "--json").stdout)
+    done = gpuctl("metrics")
+    assert done.returncode == 0
+    found = samples(done.stdout)
     user = status["claims"][0]["user"]
     assert found[("resourced_gpus_free", ())] == status["free"] == 2
     states = {g["state"] for g in status["gpus"]}
@@ -129,7 +122,7 @@ def test_metrics_agree_with_status(daemon):
     assert found[("resourced_health", (("level", status["health"]["level"]),))] == 1
 
 
-def test_the_textfile_follows_a_claim_within_a_second(start_daemon, tmp_path):
+def test_the_textfile_follows_a_claim_within_a_second(start_daemon, tmp_path, owner):
     prom = tmp_path / "textfile" / "resourced.prom"
     prom.parent.mkdir()
     config = tmp_path / "config.toml"
@@ -141,17 +134,12 @@ def test_the_textfile_follows_a_claim_within_a_second(start_daemon, tmp_path):
         "doctor", "--json", env={"RESOURCED_CONFIG": str(config)}).stdout)["checks"]}
     assert found["metrics"]["status"] == "ok", found["metrics"]
     assert samples(prom.read_text())[("resourced_gpus_free", ())] == 4
-    held = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        claim = gpuctl("claim", "--gpus", "3", "--owner-pid", str(held.pid))
-        assert claim.returncode == 0, claim.stderr
-        claimed = time.monotonic()
-        eventually(lambda: samples(prom.read_text())[("resourced_gpus_free", ())] == 1, 1.0,
-                   what="the textfile to show the claim")
-        assert time.monotonic() - claimed < 1.0
-    finally:
-        held.kill()
-        held.wait()
+    claim = gpuctl("claim", "--gpus", "3", "--owner-pid", str(owner.pid))
+    assert claim.returncode == 0, claim.stderr
+    claimed = time.monotonic()
+    eventually(lambda: samples(prom.read_text())[("resourced_gpus_free", ())] == 1, 1.0,
+               what="the textfile to show the claim")
+    assert time.monotonic() - claimed < 1.0
     assert gpuctl("release", "--allocation", claim.stdout.strip()).returncode == 0
     eventually(lambda: samples(prom.read_text())[("resourced_gpus_free", ())] == 4, 5,
                what="the textfile to show the release")
