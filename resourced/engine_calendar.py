@@ -3,7 +3,8 @@
 A mixin of ``Engine`` (kept apart from the claim operations and process tracking it
 shares state with): each operation brings the clock up to date (``run_due``), makes the
 change in the pure ``Calendar``, records it in the state directory before anything is
-acknowledged (``_calendar_changed``: undone if it cannot be recorded), then acts on the
+acknowledged (``_calendar_changed``: undone if it cannot be written; the bus awaits
+``calendar_synced`` before any reply, so none tells of a change not yet on disk), then acts on the
 claims through the ledger and ``_commit``, the one seam: a booking that starts becomes a
 claim, one that ends releases it, and claims granted until a booking are looked at
 again.
@@ -220,6 +221,15 @@ class CalendarOperations:
         except OSError as exc:
             log.error("cannot record the calendar in %s: %s", self.calendar_store.path, exc)
             raise Internal("the daemon cannot record the calendar; see its log") from exc
+
+    async def calendar_synced(self) -> None:
+        """Return once every change to the calendar made so far is on disk."""
+        if self.calendar_store is None:
+            return
+        try:
+            await self.calendar_store.log.synced()
+        except OSError as exc:
+            raise Internal("the daemon cannot sync the calendar to disk; see its log") from exc
 
     def _record_or_undo(self, undo, **changes) -> None:
         try:

@@ -2,18 +2,23 @@
 
 Theory of operation: the file holds a header line, then one record per change.  Each
 batch of records is one ``write(2)`` on an ``O_APPEND`` descriptor, done before the
-daemon replies, so a crash at any instant leaves every acknowledged record in the file
-(and, for a ``durable`` log, ``fsync`` puts it on disk before the reply: it must outlive
-a power cut, not only a crash).  A crash in the middle of a write can only tear the
-*last* line, which was never acknowledged and is ignored.  The owner compacts the log
-(a snapshot, written to a temporary file, synced and renamed over it) when it grows well
-past what it describes, so appending stays O(1) and reading stays O(what is live).
+daemon replies, so a crash at any instant leaves every acknowledged record in the file.
+A ``durable`` log must outlive a power cut too: ``synced()`` returns once an ``fsync``
+has put every line written so far on disk, and the daemon awaits it before replying.
+The ``fsync`` runs in a thread of its own, so a slow disk delays the replies that wait
+for it, never the loop (pings, properties, other calls go on); one ``fsync`` serves
+every write made before it began (a group commit).  A crash in the middle of a write can
+only tear the *last* line, which was never acknowledged and is ignored.  The owner
+compacts the log (a snapshot, written to a temporary file, synced and renamed over it)
+when it grows well past what it describes, so appending stays O(1) and reading stays
+O(what is live).
 
 A file that cannot be trusted (a corrupt line before the end, a record its owner cannot
 apply) is moved aside as ``<name>.corrupt-<time>`` with a log line, and the owner starts
 from the records before the damage.
 """
 
+import asyncio
 import fcntl
 import json
 import logging
@@ -22,6 +27,8 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from .threads import OneThread
 
 log = logging.getLogger("resourced")
 
@@ -92,6 +99,9 @@ class JsonLog:
         self.records = 0  # lines in the file, header included
         self._lock_fd = self._lock()
         self._fd: int | None = None
+        self._written = self._synced = 0  # writes made, and those known to be on disk
+        self._syncing: asyncio.Future | None = None
+        self._syncer = OneThread(f"resourced-sync-{name}")
 
     def _lock(self) -> int:
         fd = os.open(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
@@ -149,6 +159,7 @@ class JsonLog:
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
+        self._synced = self._written  # what the old file held, the new one holds, synced
         if self.durable:  # the rename itself must reach the disk too
             dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
@@ -166,21 +177,67 @@ class JsonLog:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
 
     def append(self, lines: list[dict]) -> None:
-        """Add ``lines`` in one write (synced to disk when the log is durable)."""
+        """Add ``lines`` in one write.  A durable log starts syncing it to disk (off the
+        loop; ``synced`` awaits it), or syncs at once where no loop runs."""
         if not lines:
             return
         data = _encode(lines)
         if os.write(self._fd, data) != len(data):
             raise OSError(f"short write to {self.path}")
-        if self.durable:
-            os.fsync(self._fd)
         self.records += len(lines)
+        if not self.durable:
+            return
+        self._written += 1
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            os.fsync(self._fd)
+            self._synced = self._written
+        else:
+            self._start_sync()
+
+    async def synced(self) -> None:
+        """Return once every line written so far is on disk; the ``OSError`` of an
+        ``fsync`` that failed (the lines are in the file, maybe not on the disk)."""
+        target = self._written
+        while self._synced < target:
+            error = await asyncio.shield(self._start_sync())
+            if error is not None:
+                raise error
+
+    def _start_sync(self) -> asyncio.Future:
+        """The sync in flight, or a new one: an ``fsync`` of a duplicate descriptor (a
+        compaction may close ours meanwhile), resolving to None or its ``OSError``."""
+        if self._syncing is None:
+            self._syncing = asyncio.ensure_future(self._sync(self._written, os.dup(self._fd)))
+        return self._syncing
+
+    async def _sync(self, upto: int, fd: int) -> OSError | None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._syncer, _fsync_closing, fd)
+        except OSError as exc:
+            log.error("cannot sync %s to disk: %s", self.path, exc.strerror or exc)
+            return exc
+        else:
+            self._synced = max(self._synced, upto)
+            return None
+        finally:
+            self._syncing = None
 
     def close(self) -> None:
+        if self._fd is not None and self._synced < self._written:
+            os.fsync(self._fd)  # at exit: what a sync in flight had not reached yet
         for fd in (self._fd, self._lock_fd):
             if fd is not None:
                 os.close(fd)
         self._fd = self._lock_fd = None
+
+
+def _fsync_closing(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _encode(lines: list[dict]) -> bytes:

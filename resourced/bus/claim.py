@@ -26,6 +26,9 @@ class ClaimInterface(Interface):
         self.claim = claim
         self.manager = manager
 
+    async def settled(self) -> None:
+        await self.manager.settled()
+
     @dbus_method()
     @bus_errors
     async def Release(self, flags: "t") -> "as":

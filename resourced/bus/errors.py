@@ -33,7 +33,8 @@ def error_reply(call: Message, exc: Exception) -> Message:
 
 def bus_errors(fn):
     """Wrap a bus method so every exception leaves as a named D-Bus error, never a
-    traceback; each answer is counted in ``ANSWERED``."""
+    traceback; each answer is counted in ``ANSWERED``.  An ``async`` method's reply waits
+    for its interface to be ``settled``."""
     name = fn.__name__
     if inspect.iscoroutinefunction(fn):
 
@@ -41,6 +42,7 @@ def bus_errors(fn):
         async def wrapper(*args):
             try:
                 result = await fn(*args)
+                await args[0].settled()
             except Exception as exc:
                 raise _counted(name, _translate(exc)) from exc
             ANSWERED[name, ""] += 1

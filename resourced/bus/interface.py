@@ -12,6 +12,11 @@ class Interface(ServiceInterface):
     OUT_NAMES: dict[str, tuple[str, ...]] = {}
     """Names for the out arguments of methods and the arguments of signals, by member."""
 
+    async def settled(self) -> None:
+        """Return once what the daemon has changed is on disk: awaited before every
+        reply of an ``async`` method (``bus_errors``), so no answer tells of a change a
+        power cut could still take back."""
+
     def introspect(self):
         intro = super().introspect()
         for member in (*intro.methods, *intro.signals):

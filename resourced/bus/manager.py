@@ -217,6 +217,9 @@ class ManagerInterface(Interface):
         self.bus.add_message_handler(self._export_claims_for)
         self._export_checks()
 
+    async def settled(self) -> None:
+        await self.engine.calendar_synced()
+
     # -- methods -----------------------------------------------------------------------
     @dbus_method()
     @bus_errors

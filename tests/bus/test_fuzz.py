@@ -457,13 +457,21 @@ class Fuzz:
         self.failures: list[str] = []
         self.calls = 0
         self.slowest = (0.0, "")
+        self.spans: list[tuple[float, float, str]] = []  # (sent, answered, call), each call
+
+    def during(self, start: float, end: float) -> list[str]:
+        """The calls in flight at some instant from ``start`` to ``end``, with their time."""
+        return [f"  {(b - a) * 1000:.1f} ms: {call}" for a, b, call in self.spans
+                if a < end and b > start]
 
     def send(self, call: Call) -> str:
         """Send ``call`` and record what came back; the kind of reply ("return", "error",
         "timeout" or DROPPED)."""
         start = time.monotonic()
         kind, detail = self.wire.call(call)
-        self.slowest = max(self.slowest, (time.monotonic() - start, str(call)))
+        end = time.monotonic()
+        self.spans.append((start, end, str(call)))
+        self.slowest = max(self.slowest, (end - start, str(call)))
         self.calls += 1
         if kind == "return":
             self.gen.learn(detail)
@@ -511,10 +519,12 @@ class Pinger(threading.Thread):
         super().__init__(daemon=True)
         self.wire = Wire(address)
         self.latencies: list[float] = []
+        self.sent: list[float] = []
         self.stopping = threading.Event()
 
     def run(self) -> None:
         while True:
+            self.sent.append(time.monotonic())
             self.latencies.append(self.wire.ping())
             if self.stopping.wait(PING_INTERVAL):
                 return
@@ -524,6 +534,11 @@ class Pinger(threading.Thread):
         self.join()
         self.wire.close()
         return self.latencies
+
+    def slowest(self) -> tuple[float, float]:
+        """When the slowest ping was sent, and when it came back."""
+        latency, sent = max(zip(self.latencies, self.sent), default=(0.0, 0.0))
+        return sent, sent + latency
 
 
 def test_fuzz_every_method_and_property(start_daemon, tmp_path, owner):
@@ -571,6 +586,8 @@ def test_fuzz_every_method_and_property(start_daemon, tmp_path, owner):
                f"answering={answers}")
     print(summary)
     report = "\n".join([summary, *fuzz.failures[:25], f"slowest call: {fuzz.slowest[1]}",
+                        "calls in flight during the slowest ping:",
+                        *fuzz.during(*pinger.slowest())[:10],
                         f"(rerun: RESOURCED_FUZZ_SEED={SEED})"])
     assert alive and answers and not fuzz.failures and not tracebacks, report
     assert max(pings, default=math.inf) < PING_LIMIT, report
