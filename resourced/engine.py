@@ -98,7 +98,10 @@ ID_ALPHABET = string.ascii_lowercase + string.digits
 MAX_MEMBERS = 64
 """Member pids one claim may name: a wrapper or two, not a process table."""
 TRACK_INTERVAL = 1.0
-"""Seconds between tracking sweeps while claims exist (none run while there are none)."""
+"""Seconds between tracking sweeps while claims exist."""
+IDLE_LOOK_INTERVAL = 5.0
+"""Seconds at most between two looks at what runs on the GPUs, claims or none: a free GPU
+that runs processes nobody claimed is shown busy within this time."""
 MAX_DURATION = 10 * 365 * 86400
 """The longest a claim may ask to last (seconds)."""
 PRUNE_INTERVAL = 3600 * 1_000_000
@@ -111,6 +114,13 @@ commits: a write for every release cost about a twentieth of a claim and release
 JOB_START_GRACE = 60 * 1_000_000
 """Microseconds a Slurm job's claim waits for the job's first process (its prolog runs
 before any); one that never came ends then (the epilog may have been missed)."""
+
+
+@dataclass(frozen=True)
+class GpuUseChanged:
+    """Free GPUs that began or ceased to run processes nobody claimed (``busy``)."""
+
+    gpus: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -405,6 +415,7 @@ class Engine(CalendarOperations):
         # overrode something (a lease's own release is a plain release).
         warnings, how = [], "released"
         evidence = await self.probe.processes()
+        self._saw(evidence)
         in_use = await self._processes_on_gpus_of(self.ledger.get(claim_id), evidence)
         claim = self._check_owner(caller, self.ledger.get(claim_id), admin)  # re-validate
         if not evidence.known:
@@ -635,6 +646,7 @@ class Engine(CalendarOperations):
     async def verify(self) -> list[GpuReport]:
         """Compare the claims with the compute processes the driver reports on each GPU."""
         evidence = await self.probe.processes()
+        self._saw(evidence)
         if any(c.job for c in self.ledger.claims.values()):  # a step may have begun since
             self._adopt(*await self._off_loop(_table_and_steps))  # the last sweep
         pids = [p.pid for procs in (evidence.processes or {}).values() for p in procs]
@@ -657,16 +669,21 @@ class Engine(CalendarOperations):
 
     # -- views -------------------------------------------------------------------------
     def gpu_state(self, gpu: Gpu) -> str:
-        """free, claimed (held whole), shared (VRAM shares on it) or slurm (free, but
-        Slurm's to schedule)."""
+        """free, claimed (held whole), shared (VRAM shares on it), busy (nobody claimed
+        it, but processes run on it: the latest look) or slurm (free, but Slurm's to
+        schedule)."""
         if self.ledger.holder(gpu.uuid):
             return "claimed"
         if self.ledger.vram_used(gpu.uuid):
             return "shared"
-        return "slurm" if gpu.uuid in self.ledger.slurm else "free"
+        if gpu.uuid in self.ledger.slurm:
+            return "slurm"
+        return "busy" if gpu.uuid in self._busy_free else "free"
 
     def free_count(self) -> int:
-        return len(self.ledger.free_gpus())
+        """Free GPUs: nobody holds or shares them, and no process ran on them at the
+        latest look."""
+        return sum(1 for g in self.ledger.free_gpus() if g.uuid not in self._busy_free)
 
     # -- the queue ---------------------------------------------------------------------
     def _serve_queue(self) -> None:
@@ -696,16 +713,36 @@ class Engine(CalendarOperations):
         if not evidence.known:
             log.warning("claim check skipped: %s", evidence.reason)
             return frozenset(), [f"granted without checking the GPUs: {evidence.reason}"]
-        busy = {uuid for uuid in self.ledger.gpus if evidence.processes.get(uuid, None) != []}
-        busy_free = {g.uuid for g in self.ledger.free_gpus()} & busy
-        news, self._busy_free = busy_free - self._busy_free, busy_free  # say each once
+        self._saw(evidence)
+        return frozenset(u for u in self.ledger.gpus if evidence.processes.get(u, None) != []), []
+
+    def _saw(self, evidence: GpuEvidence) -> None:
+        """What a look found, kept for what the daemon shows and admits between looks:
+        the free GPUs running processes nobody claimed (``busy``: not counted free, not
+        granted), and the VRAM held on each GPU by processes no claim on it owns (not
+        free to a share).  A change is published as ``GpuUseChanged``."""
+        if not evidence.known:
+            return
+        busy_free = {g.uuid for g in self.ledger.free_gpus()
+                     if evidence.processes.get(g.uuid, None) != []}
+        foreign = {}
+        for uuid in self.ledger.gpus:
+            own = {ref.pid for c in self.ledger.claims_on(uuid) for ref in c.processes()}
+            held = sum(p.used_memory_bytes for p in evidence.processes.get(uuid) or ()
+                       if p.pid not in own)
+            if held:
+                foreign[uuid] = held
+        self.ledger.foreign_vram = foreign
+        changed, self._busy_free = busy_free ^ self._busy_free, busy_free
         for gpu in self.ledger.gpus.values():
-            if gpu.uuid in news:
+            if gpu.uuid in changed & busy_free:  # said once, when first found
                 procs = evidence.processes.get(gpu.uuid)
                 what = ("not reported by the driver" if procs is None else
                         "pids " + ", ".join(str(p.pid) for p in procs))
                 log.warning("%s is unclaimed but busy (%s); not granting it", gpu.label, what)
-        return frozenset(busy), []
+        if changed:
+            for listener in self._listeners:
+                listener([GpuUseChanged(frozenset(changed))])
 
     async def _processes_on_gpus_of(self, claim: Claim, evidence: GpuEvidence) -> list[int]:
         """The pids on the claim's GPUs that are the claim's own (empty if unknown)."""
@@ -720,18 +757,25 @@ class Engine(CalendarOperations):
                 if attribute(chain, owned, details[pid][4]).claim_id == claim.id]
 
     async def _track(self) -> None:
-        """While claims exist, adopt descendants and release claims of long-dead owners."""
+        """While claims exist, adopt descendants, release claims of long-dead owners and
+        look at what runs on their GPUs; at least every ``IDLE_LOOK_INTERVAL``, look at
+        what runs on the free ones (``_saw``)."""
+        unlooked = IDLE_LOOK_INTERVAL  # (the first sweep looks)
         while True:
             await asyncio.sleep(TRACK_INTERVAL)
-            if not self.ledger.claims:
-                continue
+            unlooked += TRACK_INTERVAL
             try:
-                self._serve_queue()  # a GPU found busy before may be idle now
-                self._watch_again()
-                self._adopt(*await self._off_loop(_table_and_steps))
-                self._end_unstarted_jobs()
-                await self._release_dead_owners()
-                await self._observe_use()
+                if self.ledger.claims:
+                    self._serve_queue()  # a GPU found busy before may be idle now
+                    self._watch_again()
+                    self._adopt(*await self._off_loop(_table_and_steps))
+                    self._end_unstarted_jobs()
+                    await self._release_dead_owners()
+                    if await self._observe_use():
+                        unlooked = 0.0
+                if unlooked >= IDLE_LOOK_INTERVAL:
+                    unlooked = 0.0
+                    self._saw(await self.probe.processes())
             except Exception:
                 log.exception("tracking sweep failed")
 
@@ -763,12 +807,12 @@ class Engine(CalendarOperations):
                 self._end(claim.id, "dead-owner", None,
                           f"owner {claim.owner.pid} dead for {self.settings.dead_owner_grace:g} s")
 
-    async def _observe_use(self) -> None:
-        """One look at what runs on the claims' GPUs: it counts the time each claim's owner
-        used them (usage history) and releases active bookings their owner never used
-        (``no_show_after``) and, where configured, claims with no process on their GPUs
-        (``idle_after``), on trustworthy evidence only (core.usewatch).  Nothing is
-        killed."""
+    async def _observe_use(self) -> bool:
+        """One look at what runs on the GPUs (True; False: no claim holds a GPU, and it
+        did not look): it counts the time each claim's owner used them (usage history)
+        and releases active bookings their owner never used (``no_show_after``) and,
+        where configured, claims with no process on their GPUs (``idle_after``), on
+        trustworthy evidence only (core.usewatch).  Nothing is killed."""
         now = self.clock()
         claims = {c.id: c for c in self.ledger.claims.values() if c.state == GRANTED and c.gpus}
         windows = {}
@@ -779,8 +823,9 @@ class Engine(CalendarOperations):
         elapsed, self._looked = now - (self._looked or now), now
         if not claims:
             self.uses.observe({}, now, {})
-            return
+            return False
         evidence = await self.probe.processes()
+        self._saw(evidence)
         claims = {i: c for i, c in claims.items() if i in self.ledger.claims}
         owners, anyone = {i: UNKNOWN for i in claims}, {i: UNKNOWN for i in claims}
         if evidence.known:
@@ -804,6 +849,7 @@ class Engine(CalendarOperations):
             else:
                 self._end(claim_id, "idle", None,
                           f"no process on its GPUs for {self.settings.idle_after:g} s")
+        return True
 
     def _no_show(self, booking_id: str) -> None:
         booking = self.calendar.bookings.get(booking_id)

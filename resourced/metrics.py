@@ -30,7 +30,7 @@ from .core.health import LEVELS
 
 log = logging.getLogger("resourced")
 
-GPU_STATES = ("free", "claimed", "shared", "slurm")
+GPU_STATES = ("free", "claimed", "shared", "busy", "slurm")
 WINDOWS = {"24h": 86400, "7d": 7 * 86400}
 """The usage windows of the GPU-hours gauges: label -> seconds back from now."""
 WRITE_DELAY = 0.25
@@ -72,7 +72,8 @@ class Metrics:
         engine = self.engine
         states = Counter(engine.gpu_state(g) for g in engine.ledger.gpus.values())
         by_state = Family("resourced_gpus", GAUGE, "GPUs by state: free, claimed (held "
-                          "whole), shared (VRAM shares on it), slurm (Slurm's to schedule).")
+                          "whole), shared (VRAM shares on it), busy (processes nobody "
+                          "claimed run on it), slurm (Slurm's to schedule).")
         for state in (*GPU_STATES, *sorted(states.keys() - set(GPU_STATES))):
             by_state.add(states[state], state=state)
         return [by_state, Family("resourced_gpus_free", GAUGE,

@@ -48,7 +48,7 @@ from ..core.ledger import (
     UntilChanged,
 )
 from ..core.verify import GpuReport
-from ..engine import Engine
+from ..engine import Engine, GpuUseChanged
 from ..errors import (
     AccessDenied,
     InteractionRequired,
@@ -745,7 +745,12 @@ class ManagerInterface(Interface):
         calendar = [e for e in events if isinstance(e, (BookingEvent, Notice))]
         if calendar:
             out += self._publish_calendar(calendar)
-            events = [e for e in events if not isinstance(e, (BookingEvent, Notice))]
+        use = [e for e in events if isinstance(e, GpuUseChanged)]
+        for event in use:
+            touched_gpus.update(event.gpus)
+        if calendar or use:
+            events = [e for e in events
+                      if not isinstance(e, (BookingEvent, Notice, GpuUseChanged))]
         for event in events:
             claim = event.claim
             self.view.changed(claim.id)  # whatever the event, the record changed
@@ -812,8 +817,8 @@ class ManagerInterface(Interface):
             out.append((gpu.emit_properties_changed, {
                 "State": gpu.State, "ClaimID": gpu.ClaimID, "VRAMUsedBytes": gpu.VRAMUsedBytes}))
         totals = [name for name in touched_pools if self._totals.due_now(name)]
-        if events and any(isinstance(e, (ClaimQueued, ClaimGranted, ClaimReleased))
-                          for e in events) and self._totals.due_now(MANAGER_PATH):
+        if (use or any(isinstance(e, (ClaimQueued, ClaimGranted, ClaimReleased))
+                       for e in events)) and self._totals.due_now(MANAGER_PATH):
             totals.append(MANAGER_PATH)
         if totals:
             out.append((self._announce_totals, totals))

@@ -50,6 +50,9 @@ def render_status(data: dict, now: float) -> str:
     lines = table(rows)
     total = len(data["gpus"])
     lines.append(f"{data['free']} of {total} GPU(s) free ({data['backend']} backend)")
+    if busy := [g["alias"] for g in data["gpus"] if g["state"] == "busy"]:
+        lines.append(f"busy: {', '.join(busy)}: processes nobody claimed run there "
+                     "(gpuctl verify names them)")
     if data.get("backend_note"):
         lines.append(f"note: {data['backend_note']}")
     from ..booking_calls import local_text

@@ -193,6 +193,9 @@ class Ledger:
         self._asked: set[str] = set()                  # claims asked back now (reclaim_for)
         self._bounded: set[str] = set()                # granted until a booking's start
         self._seq = 0
+        self.foreign_vram: dict[str, int] = {}
+        """GPU uuid -> VRAM that processes no claim on it owns held at the engine's latest
+        look: not free to a share (the engine sets it from the evidence)."""
         self.timeline = Timeline({u: g.memory_bytes for u, g in self.gpus.items()
                                   if u not in self.slurm},
                                  {p.name: p.capacity for p in self.pools.values()})
@@ -492,7 +495,7 @@ class Ledger:
                        if self.timeline.holds else {})
         usable.sort(key=lambda u: booked_from.get(u, 0), reverse=True)  # unbooked, then latest
         placeable = set(usable)
-        vram = {u: self.gpus[u].memory_bytes - self.vram_used(u)
+        vram = {u: self.gpus[u].memory_bytes - self.vram_used(u) - self.foreign_vram.get(u, 0)
                 for u in self.gpus if u not in self._holder and (u in placeable or self._shares.get(u))}
         pools = {name: self.pool_free(name) for name in self.pools}
         return View(usable, vram, pools, self._memory, busy_free=len(free) - len(usable),
@@ -735,6 +738,12 @@ class Ledger:
                                          f"{format_amount(free_view.pools[name], unit)} free{after}")
         if d.vram:
             most = max(free_view.vram.values(), default=0)
+            if most < d.vram and (room := [
+                    self.gpus[g.uuid].label for g in self.free_gpus()
+                    if g.uuid in busy and g.memory_bytes >= d.vram]):
+                return GPUsBusy(f"{format_amount(d.vram, 'bytes')} of VRAM requested: it "
+                                f"fits only on {', '.join(room)}, where processes nobody "
+                                f"claimed run{after}")
             if most < d.vram:
                 return NotEnoughCapacity(f"{format_amount(d.vram, 'bytes')} of VRAM requested, "
                                          f"at most {format_amount(most, 'bytes')} free on one GPU{after}")

@@ -106,7 +106,7 @@ def test_metrics_agree_with_status(daemon, owner):
     user = status["claims"][0]["user"]
     assert found[("resourced_gpus_free", ())] == status["free"] == 2
     states = {g["state"] for g in status["gpus"]}
-    for state in ("free", "claimed", "shared", "slurm"):
+    for state in ("free", "claimed", "shared", "busy", "slurm"):
         expected = sum(g["state"] == state for g in status["gpus"])
         assert found[("resourced_gpus", (("state", state),))] == expected
     assert states == {"free", "claimed"}

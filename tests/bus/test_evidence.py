@@ -443,6 +443,53 @@ def test_when_every_free_gpu_is_busy_claim_and_run_exit_4(start_daemon, sim, pro
     assert claims()[ref]["gpu_indices"] == [free[0]]
 
 
+def test_a_free_gpu_running_processes_nobody_claimed_is_busy_not_free(start_daemon, sim, procs):
+    start_daemon(gpus=sim.path)
+    sim.put(2, procs.sleep().pid)
+    gpuctl("verify")  # a look now (the daemon looks every few seconds too: below)
+
+    data = status()
+    assert [g["state"] for g in data["gpus"]] == ["free", "free", "busy", "free"]
+    assert data["free"] == 3
+    assert gpuctl("free").stdout == "3\n"
+    assert "busy: gpu2: processes nobody claimed run there" in gpuctl("status").stdout
+    sim.put(2)
+    eventually(lambda: gpuctl("free").stdout == "4\n", timeout=10)
+    assert [g["state"] for g in status()["gpus"]] == ["free"] * 4
+
+
+def test_a_share_whose_only_room_is_on_a_busy_gpu_exits_4(start_daemon, tmp_path, procs):
+    two = Simulation(tmp_path / "two.json", gpus=2)
+    start_daemon(gpus=two.path)
+    owner = procs.sleep()
+    claim(owner.pid)
+    two.put(1, procs.sleep().pid)
+
+    r = gpuctl("claim", "--owner-pid", str(owner.pid), "--vram", "4G")
+
+    assert r.returncode == 4, r.stderr
+    assert "it fits only on gpu1, where processes nobody claimed run" in r.stderr
+    two.put(1)
+    assert gpuctl("claim", "--owner-pid", str(owner.pid), "--vram", "4G").returncode == 0
+
+
+def test_vram_held_by_processes_nobody_claimed_is_not_free_to_a_share(start_daemon, tmp_path,
+                                                                        procs):
+    one = Simulation(tmp_path / "one.json", gpus=1)  # 80G; a listed process holds 512M
+    start_daemon(gpus=one.path)
+    owner = procs.sleep()
+    share = gpuctl("claim", "--owner-pid", str(owner.pid), "--vram", "79G")
+    assert share.returncode == 0, share.stderr
+    one.put(0, procs.sleep().pid)
+
+    r = gpuctl("claim", "--owner-pid", str(owner.pid), "--vram", "768M")
+
+    assert r.returncode == 3, r.stderr
+    assert "at most 512M free on one GPU" in r.stderr
+    one.put(0)
+    assert gpuctl("claim", "--owner-pid", str(owner.pid), "--vram", "768M").returncode == 0
+
+
 def test_a_hung_driver_lets_claims_through_with_a_warning(start_daemon, sim, procs, tmp_path):
     d = start_daemon(gpus=sim.path, args=settings(tmp_path, probe_timeout=1))
     sim.put(0, procs.sleep().pid)  # would be skipped, were the driver answering

@@ -243,6 +243,28 @@ def test_refusal_kind_and_nothing_changes(ledger, held, busy, wanted, error):
     ledger.check_invariants()
 
 
+def test_a_share_whose_only_room_is_on_busy_gpus_is_gpus_busy():
+    ledger = Ledger(inventory(2, memory=80 * GIB))
+    grant(ledger, request(1, "dev"), "c0")  # GPU 0 held whole: only GPU 1 could take it
+
+    got = refusal(ledger, request(0, vram=4 * GIB), "c1", busy=frozenset({uuid(1)}))
+
+    assert type(got) is GPUsBusy
+    assert "fits only on gpu1" in got.message
+    assert type(refusal(ledger, request(0, vram=81 * GIB), "c2",
+                        busy=frozenset({uuid(1)}))) is NotEnoughCapacity  # fits nowhere
+
+
+def test_vram_that_processes_nobody_claimed_hold_is_not_free_to_a_share():
+    ledger = Ledger(inventory(1, memory=8 * GIB))
+    grant(ledger, request(0, vram=6 * GIB), "c0")
+    ledger.foreign_vram = {uuid(0): GIB}
+
+    assert type(refusal(ledger, request(0, vram=GIB + 1), "c1")) is NotEnoughCapacity
+    grant(ledger, request(0, vram=GIB), "c2")
+    ledger.check_invariants()
+
+
 def test_refusals_are_not_each_other():
     assert not issubclass(GPUsBusy, NotEnoughGPUs)
     assert not issubclass(NotEnoughGPUs, GPUsBusy)
@@ -363,7 +385,7 @@ def test_a_gpu_held_whole_takes_no_share(shared):
 
 def test_a_busy_free_gpu_takes_no_share_but_a_shared_one_still_does(shared):
     busy = frozenset({uuid(0), uuid(1), uuid(2)})
-    assert isinstance(refusal(shared, request(0, vram=GIB), "s", busy=busy), NotEnoughCapacity)
+    assert isinstance(refusal(shared, request(0, vram=GIB), "s", busy=busy), GPUsBusy)
     grant(shared, request(0, vram=GIB), "a")
     [b] = grant(shared, request(0, vram=GIB), "b", busy=busy)  # gpu0 runs a's processes
     assert b.claim.gpus == (uuid(0),)

@@ -258,6 +258,13 @@ class LedgerMachine(RuleBasedStateMachine):
                                       and not self.ledger.claims_on(u)])
         if len(raw.gpus) < d.gpus:
             assert type(refusal) is (GPUsBusy if unheld >= d.gpus else NotEnoughGPUs)
+            return
+        short_of_pools = any(raw.pools.get(name, 0) < amount for name, amount in d.pools)
+        busy_room = any(u in self.busy and not self.ledger.claims_on(u)
+                        and u not in self.ledger.slurm and raw.memory[u] >= d.vram
+                        for u in self.ledger.gpus)
+        if d.vram and not short_of_pools and busy_room:  # its room is where strangers run
+            assert type(refusal) is GPUsBusy
         else:
             assert type(refusal) is NotEnoughCapacity
 
