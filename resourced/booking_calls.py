@@ -83,7 +83,7 @@ def span(name: str, value) -> int:
 def request_options(gpus=None, duration=None, start=None, gpu_names=None, exclude=None,
                     vram=None, ram=None, cpu=None, pools=None, exclusive=None, op_id=None,
                     label=None, task_name=None, earliest=False, dry_run=False, vram_mb=None,
-                    ram_mb=None) -> dict:
+                    ram_mb=None, isolate=None) -> dict:
     """``Book``/``EditBooking``/``FindSlots`` options; None leaves a key out (an edit then
     keeps the booking's value)."""
     from .client import UINT32_MAX, _text, _whole, memory_and_counts
@@ -110,6 +110,8 @@ def request_options(gpus=None, duration=None, start=None, gpu_names=None, exclud
         options["DryRun"] = ("b", True)
     if exclusive is not None:
         options["Exclusive"] = ("b", bool(exclusive))
+    if isolate is not None:
+        options["Isolate"] = ("b", bool(isolate))
     for key, name, value in (("OpID", "op id", op_id), ("Label", "label", label),
                              ("TaskName", "task name", task_name)):
         if value is not None:

@@ -219,8 +219,11 @@ class _Base:
     def _claim_message(self, mode, gpus, owner_pid=None, label="", task_name="",
                        member_pids=(), vram=None, ram=None, cpu=None, pools=None,
                        priority=0, wait=False, timeout=None, reclaimable=False, duration=None,
-                       session=None, dry_run=False, held=False, vram_mb=None, ram_mb=None):
+                       session=None, dry_run=False, held=False, vram_mb=None, ram_mb=None,
+                       isolate=None):
         gpus, options = demand_options(gpus, vram, ram, cpu, pools, vram_mb, ram_mb)
+        if isolate is not None:
+            options["Isolate"] = ("b", bool(isolate))
         options.update(session_option(session))
         if dry_run:
             options["DryRun"] = ("b", True)
@@ -302,6 +305,10 @@ class _Base:
         return self._call("ClaimJob", "sasa{sv}", (_text("job id", job),
                                                    [_text("GPU", g) for g in gpus], options))
 
+    def _confine_message(self, ref: str, pid: int):
+        return self._call("Confine", "su", (_text("reference", ref),
+                                            _whole("pid", pid, 1, UINT32_MAX)))
+
     def _grant_message(self, ref: str):
         return self._call("GetGrant", "s", (_text("reference", ref),))
 
@@ -361,6 +368,7 @@ class _Base:
             "until_usec": grant["UntilUSec"][1] if "UntilUSec" in grant else 0,
             "until_booking": grant["UntilBooking"][1] if "UntilBooking" in grant else "",
             "session": grant["Session"][1] if "Session" in grant else "",
+            "isolated": grant["Isolated"][1] if "Isolated" in grant else False,
         }
         result = {"allocation": allocation, "env": claim_env(allocation, use_index),
                   "warnings": list(grant["Warnings"][1])}
@@ -532,7 +540,7 @@ class Client(_Base):
               timeout: float | None = None, reclaimable: bool = False,
               progress: Callable[[dict], None] | None = None, duration=None,
               session: str | None = None, dry_run: bool = False, vram_mb=None,
-              ram_mb=None) -> dict:
+              ram_mb=None, isolate: bool | None = None) -> dict:
         """Claim GPUs, a VRAM share and/or pool amounts, all or nothing; returns
         ``{"allocation": {"ref": ...}, "env": {...}, "warnings": [...]}``.
 
@@ -550,11 +558,13 @@ class Client(_Base):
         (0: no end): its end, or the start of a booking (``until_booking``).
         ``session`` names the agent session (default ``$RESOURCED_SESSION``, else the
         daemon takes the owner's Unix session).  ``dry_run``: what the daemon would
-        decide, limits included, with nothing made (``"dry_run": True``, ref "")."""
+        decide, limits included, with nothing made (``"dry_run": True``, ref "").
+        ``isolate``: its processes run confined to its GPUs (``confine``; None: as the
+        daemon's configuration says); the allocation's ``isolated`` says whether they do."""
         held = wait and not progress  # (progress needs the claim's reference at once)
         msg = self._claim_message(mode, gpus, owner_pid, label, task_name, member_pids, vram,
                                   ram, cpu, pools, priority, wait, timeout, reclaimable, duration,
-                                  session, dry_run, held, vram_mb, ram_mb)
+                                  session, dry_run, held, vram_mb, ram_mb, isolate)
         if not wait or dry_run:
             ref, _path, grant = self._send(msg)
             return self._allocation(ref, grant, use_index)
@@ -727,6 +737,11 @@ class Client(_Base):
     def allocation(self, ref: str, use_index: bool = False) -> dict:
         """A live claim by reference, in the same shape ``claim`` returns."""
         return self._allocation(ref, self._send(self._grant_message(ref))[0], use_index)
+
+    def confine(self, ref: str, pid: int) -> str:
+        """Run your process ``pid`` (before it execs its command) in isolated claim
+        ``ref``'s scope, where it opens the claim's GPUs and no others; the scope's name."""
+        return self._send(self._confine_message(ref, pid))[0]
 
     def resources(self) -> dict:
         """The advisory RAM/disk health: ``{"level": ..., "checks": [...]}`` (see README)."""
@@ -1020,13 +1035,14 @@ class AsyncClient(_Base):
                     pools: dict | None = None, priority: int = 0, wait: bool = False,
                     timeout: float | None = None, reclaimable: bool = False,
                     duration=None, session: str | None = None, dry_run: bool = False,
-                    vram_mb=None, ram_mb=None) -> dict:
+                    vram_mb=None, ram_mb=None, isolate: bool | None = None) -> dict:
         """As ``Client.claim``; a cancelled wait leaves the queue."""
         import asyncio
 
         msg = self._claim_message(mode, gpus, owner_pid, label, task_name, member_pids, vram,
                                   ram, cpu, pools, priority, wait, timeout, reclaimable, duration,
-                                  session, dry_run, held=wait, vram_mb=vram_mb, ram_mb=ram_mb)
+                                  session, dry_run, held=wait, vram_mb=vram_mb, ram_mb=ram_mb,
+                                  isolate=isolate)
         if not wait or dry_run:
             ref, _path, grant = await self._send(msg)
             return self._allocation(ref, grant, use_index)
@@ -1135,6 +1151,9 @@ class AsyncClient(_Base):
 
     async def allocation(self, ref: str, use_index: bool = False) -> dict:
         return self._allocation(ref, (await self._send(self._grant_message(ref)))[0], use_index)
+
+    async def confine(self, ref: str, pid: int) -> str:
+        return (await self._send(self._confine_message(ref, pid)))[0]
 
     async def free(self) -> int:
         return (await self._send(self._get_property("FreeGPUs")))[0][1]

@@ -111,6 +111,10 @@ class DaemonConfig:
     # Every user is under the limits, root too, except that these (user names) are spared
     # the per-user ones: never a session's, so an agent swarm run as root is capped.
     exempt_users: tuple[str, ...] = ()
+    # Whether a claim's processes are confined to its GPUs (systemd scopes): "off",
+    # "opt-in" (gpuctl run --isolate, claim --isolate) or "always" (every command run
+    # through resourced; only an administrator may opt out). The system service only.
+    isolation: str = "off"
 
 
 @dataclass(frozen=True)
@@ -462,6 +466,7 @@ _DAEMON = {
     "max_booked_gpu_hours_per_user": (_GPU_HOURS, False),
     "max_booked_gpu_hours_per_session": (_GPU_HOURS, False),
     "exempt_users": (_user_names, False),
+    "isolation": (_string("off|opt-in|always", '"off", "opt-in" or "always"'), False),
 }
 _GPU = {
     "uuid": (_string(r"\S+", "a non-empty string without spaces"), True),

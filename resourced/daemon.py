@@ -30,6 +30,7 @@ from .bus.manager import ManagerInterface
 from .bus.names import BUS_DRIVER, BUS_NAME
 from .bus.polkit import SharedAccess
 from .calendar_store import CalendarStore
+from .isolation.scopes import Scopes
 from .config import Config, ConfigError, find_config, load_config, reload_changes
 from .engine import Engine
 from .evidence.host import host_pools
@@ -338,7 +339,7 @@ async def serve(args: argparse.Namespace) -> int:
     engine = Engine(backend, store if config.daemon.persist else None,
                     config.daemon, config.gpus, host_pools(config.pools), clock=clock,
                     calendar_store=calendar, poll_clock=simulated, usage_store=usage,
-                    slurm=config.slurm)
+                    slurm=config.slurm, scopes=Scopes(bus) if args.mode == "system" else None)
     try:
         await engine.start(restored)
     except (StoreError, OSError, ValueError) as exc:

@@ -53,7 +53,7 @@ def run(bus: str | None, probe: bool = False, environ=os.environ) -> list[dict]:
     if client is not None:
         checks += daemon_checks(client)
         checks.append(device_nodes(view))
-        checks.append(isolation(client))
+        checks.append(isolation(client, config))
         checks.append(slurm_split(view, environ))
     checks.append(clock())
     checks.append(linger(environ))
@@ -220,15 +220,26 @@ def _is_char_device(path: str) -> bool:
         return False
 
 
-def isolation(client) -> dict:
+def isolation(client, config: Config | None) -> dict:
+    """Whether claims' commands run confined to their GPUs: the daemon can (the system
+    service), and ``[daemon] isolation`` says when."""
     try:
         features = client._send(client._get_property("Features"))[0][1]
     except ResourcedError as exc:
         return check("isolation", SKIPPED, f"cannot read the daemon's features: {exc}")
-    if "isolation" in features:
-        return check("isolation", OK, "the daemon can confine a claim's processes to its GPUs")
-    return check("isolation", SKIPPED, "this daemon does not confine claims to their GPUs: "
-                 "resourced is cooperative here (gpuctl verify shows who ignores it)")
+    if "isolation" not in features:
+        return check("isolation", SKIPPED, "this daemon cannot confine claims to their GPUs "
+                     "(only the system service can): resourced is cooperative here "
+                     "(gpuctl verify shows who ignores it)")
+    setting = config.daemon.isolation if config is not None else "unknown"
+    if setting == "off":
+        return check("isolation", SKIPPED, "isolation is off: claims are cooperative "
+                     "(gpuctl verify shows who ignores them)", 'to confine them, set [daemon] '
+                     'isolation = "opt-in" or "always", then systemctl reload resourced',
+                     setting=setting)
+    return check("isolation", OK, f'isolation is "{setting}": isolated commands open their '
+                 "claim's GPUs and no others (resourced-isolation.service starts their scopes)",
+                 setting=setting)
 
 
 TIME_ERROR = 5

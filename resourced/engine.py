@@ -22,7 +22,7 @@ import secrets
 import sqlite3
 import string
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .after_reply import AfterReply
 from .backends import Backend, NoGpus
@@ -69,6 +69,8 @@ from .core.usage import report as usage_report
 from .core.usewatch import UNKNOWN, UNUSED, USED, UseWatch
 from .core.verify import GpuReport, SeenProcess, verify
 from .engine_calendar import CalendarOperations, booking_limits
+from .isolation.devices import allowed, read_proc_devices
+from .isolation.scopes import STOP_TIMEOUT_USEC, UNAVAILABLE_ON_USER_BUS
 from .errors import (
     Internal,
     InvalidRequest,
@@ -145,8 +147,7 @@ def managed_gpus(present: list[Gpu], configured: tuple[GpuEntry, ...]) -> tuple[
         if gpu is None:
             missing.append(entry)
             continue
-        managed.append(Gpu(gpu.index, gpu.uuid, gpu.name, gpu.memory_bytes, gpu.pci_bus_id,
-                           entry.alias or ""))
+        managed.append(replace(gpu, alias=entry.alias or ""))
     return managed, missing
 
 
@@ -154,8 +155,9 @@ class Engine(CalendarOperations):
     def __init__(self, backend: Backend, store=None, settings: DaemonConfig = DaemonConfig(),
                  configured: tuple[GpuEntry, ...] = (), pools: tuple[Pool, ...] = (),
                  clock: Clock = wall_clock, calendar_store=None, poll_clock: bool = False,
-                 usage_store=None, slurm: SlurmConfig = SlurmConfig()):
+                 usage_store=None, slurm: SlurmConfig = SlurmConfig(), scopes=None):
         self.backend = backend
+        self.scopes = scopes  # claims' systemd scopes (isolation.Scopes); None: not on this bus
         self.store = store  # a ClaimStore, or None to keep claims in memory only
         self.calendar_store = calendar_store  # a CalendarStore, or None: bookings in memory
         self.usage_store = usage_store  # a UsageStore, or None: no usage history
@@ -183,6 +185,7 @@ class Engine(CalendarOperations):
         self._watcher: ExitWatcher | None = None
         self._tracker: asyncio.Task | None = None
         self._sampler: asyncio.Task | None = None
+        self._strays: asyncio.Task | None = None  # stopping scopes left by a crash
         self._user_names: dict[int, str] = {}
         self._unwatched: set[tuple[str, ProcessRef]] = set()  # to watch again at the next sweep
         self.uses = UseWatch()  # no-show bookings and idle claims
@@ -241,11 +244,16 @@ class Engine(CalendarOperations):
         if self.ledger.claims:
             log.info("restored %d claim(s)", len(self.ledger.claims))
         self._tracker = asyncio.ensure_future(self._track())
+        if self.scopes is not None:
+            self._strays = asyncio.ensure_future(self.scopes.stop_strays(set(self.ledger.claims)))
+        elif self.settings.isolation == "always":
+            log.warning("isolation = \"always\" needs the system service; on this bus "
+                        "claims are not isolated")
         if self.usage_store is not None:
             self._sampler = asyncio.ensure_future(self._sample_load())
 
     def close(self) -> None:
-        for task in (self._tracker, self._serving, self._sampler):
+        for task in (self._tracker, self._serving, self._sampler, self._strays):
             if task:
                 task.cancel()
         if self._alarm is not None:
@@ -269,7 +277,8 @@ class Engine(CalendarOperations):
                     member_pids: tuple[int, ...] = (), priority: int = 0, wait: bool = False,
                     timeout: float | None = None, reclaimable: bool = False,
                     duration: float | None = None, session: str | None = None,
-                    dry_run: bool = False, call_serial: int = 0) -> tuple[Claim, list[str]]:
+                    dry_run: bool = False, call_serial: int = 0,
+                    isolate: bool | None = None) -> tuple[Claim, list[str]]:
         """Grant ``demand`` all or nothing, or queue it (``wait``); returns the claim (granted
         or queued) and any warnings.
 
@@ -283,8 +292,10 @@ class Engine(CalendarOperations):
         ``dry_run`` decides by the same admission, on a copy of the ledger: the claim
         it answers (granted, or queued) was never made, and nothing else changed.
         ``call_serial``: the serial of the caller's bus call, kept with a waiting claim
-        for ``claim_of_call``."""
+        for ``claim_of_call``.  ``isolate``: whether its processes are to be confined to
+        its GPUs (``confine``); None: as the configuration says."""
         self._check_limits(caller, wait, demand)
+        isolated = self._isolated(isolate, mode)
         if mode not in MODES:
             raise InvalidRequest(f"mode must be one of {', '.join(MODES)}, not {quoted(mode)}")
         if priority >= BOOKING_PRIORITY:
@@ -314,7 +325,8 @@ class Engine(CalendarOperations):
                                    priority=priority, reclaimable=reclaimable,
                                    queue_deadline_usec=deadline, session=session,
                                    reply_to=caller.bus_name, reply_serial=call_serial,
-                                   end_usec=0 if duration is None else now + int(duration * 1e6))
+                                   end_usec=0 if duration is None else now + int(duration * 1e6),
+                                   isolated=isolated)
             busy, warnings = frozenset(), []
             if self._needs_evidence(demand):  # again: a waiter for GPUs may have come since
                 busy, warnings = self._busy_gpus(await self.probe.processes(look))
@@ -976,6 +988,41 @@ class Engine(CalendarOperations):
             self.deadlines.cancel((kind, claim.id))
 
     # -- internals ---------------------------------------------------------------------
+    def _isolated(self, isolate: bool | None, mode: str) -> bool:
+        """Whether a new claim is isolated: as it asked, else as the configuration says
+        (an opt-out under "always" was authorized by the bus layer)."""
+        if isolate is None:
+            return (self.settings.isolation == "always" and self.scopes is not None
+                    and mode != SLURM)
+        if not isolate:
+            return False
+        if mode == SLURM:
+            raise InvalidRequest("a Slurm job's GPUs are Slurm's to confine (ConstrainDevices)")
+        if self.scopes is None:
+            raise InvalidRequest(UNAVAILABLE_ON_USER_BUS)
+        if self.settings.isolation == "off":
+            raise InvalidRequest('isolation is off on this machine: its administrator may set '
+                                 '[daemon] isolation = "opt-in" (then systemctl reload resourced)')
+        return True
+
+    async def confine(self, caller: Caller, claim_id: str, pid: int) -> str:
+        """Run the caller's process ``pid`` in the claim's scope, where it can open the
+        claim's GPUs and no others; the scope's unit name.  The scope ends with the claim."""
+        claim = self._check_owner(caller, self.ledger.get(claim_id))
+        if not claim.isolated:
+            raise InvalidRequest(f"claim {claim_id} is not isolated (claim with --isolate)")
+        if claim.state != GRANTED:
+            raise InvalidRequest(f"claim {claim_id} is not granted yet")
+        ref, fd = _callers_process(caller, pid, "confined", self._watcher)
+        os.close(fd)
+        minors = [g.minor for u in claim.gpus if (g := self.ledger.gpus[u]).minor is not None]
+        devices = allowed(minors, proc_devices=read_proc_devices())
+        unit = await self.scopes.confine(claim.id, [ref.pid], devices, STOP_TIMEOUT_USEC)
+        if claim.id not in self.ledger.claims:  # it ended while the scope was made
+            self.scopes.stop(claim.id)
+            raise NoSuchClaim(f"claim {claim_id} ended meanwhile")
+        return unit
+
     @staticmethod
     def _check_owner(caller: Caller, claim: Claim, admin: bool = False) -> Claim:
         if not admin and caller.uid not in (0, claim.uid):
@@ -1016,6 +1063,8 @@ class Engine(CalendarOperations):
             if isinstance(event, ClaimReleased):
                 self._forget(event.claim)
                 self._keep_hold(event.claim)
+                if event.claim.isolated and self.scopes is not None:
+                    self.scopes.stop(event.claim.id)
             elif isinstance(event, (ClaimGranted, UntilChanged)):
                 if isinstance(event, ClaimGranted):
                     self._granted_at[event.claim.id] = self.clock()

@@ -28,6 +28,7 @@ from .core.calendar import (
     Limits,
     Notice,
 )
+from .core.claims import BOOKING
 from .core.clock import utc_text, whole_second
 from .errors import Internal, InvalidRequest, NoSuchClaim, quoted
 from .sd import audit
@@ -50,6 +51,8 @@ class CalendarOperations:
         """Admit a booking (or answer the first result of a replayed ``op_id``): created |
         exists, or dry-run.  It belongs to ``session`` (default: the caller's Unix
         session)."""
+        if request.isolate:
+            self._isolated(True, BOOKING)  # refused here if it cannot be
         user = await self._user_name(caller.uid)
         session = self._session_of(caller.pid, session)
         self.run_due()
@@ -209,7 +212,8 @@ class CalendarOperations:
         demand = Calendar._demand(request)
         self._commit(self.ledger.start_booking(
             booking.id, demand, booking.gpus, booking.uid, booking.user, request.label,
-            request.task_name, self.clock(), booking.end_usec, busy=None, session=booking.session))
+            request.task_name, self.clock(), booking.end_usec, busy=None, session=booking.session,
+            isolated=request.isolate or self._isolated(None, BOOKING)))
         self._serve_queue()  # its GPUs are granted on fresh evidence, like any waiter's
 
     def _record_calendar(self, events: list[BookingEvent], **changes) -> None:

@@ -32,6 +32,7 @@ USER_UNIT = "resourced.service"  # the predecessor's name: its systemctl and jou
 NOTIFY_UNIT = "resourced-notify.service"  # written, never enabled: each user's own choice
 RUNNER_UNIT = "resourced-runner.service"  # started with the user service (system: each user's choice)
 SHARED_UNIT = "resourced-shared.service"
+ISOLATION_UNIT = "resourced-isolation.service"  # root, bus-activated: never enabled
 DEFAULT_SYSTEM_CONFIG = "/etc/resourced/config.toml"
 ACCOUNT = "resourced"
 SYSUSERS_CONF = "/etc/sysusers.d/resourced.conf"
@@ -62,6 +63,9 @@ SYSTEM_FILES = (
     Template("dbus/org.resourced.conf", "/etc/dbus-1/system.d/org.resourced.conf"),
     Template("dbus/org.resourced.service",
              "/usr/share/dbus-1/system-services/org.resourced.service"),
+    Template(f"systemd/{ISOLATION_UNIT}", f"/etc/systemd/system/{ISOLATION_UNIT}", UNIT),
+    Template("dbus/org.resourced.Isolation.service",
+             "/usr/share/dbus-1/system-services/org.resourced.Isolation.service"),
     Template("systemd/resourced.sysusers", SYSUSERS_CONF),
     Template(f"systemd/{NOTIFY_UNIT}", f"/etc/systemd/user/{NOTIFY_UNIT}", UNIT),
     Template(f"systemd/{RUNNER_UNIT}", f"/etc/systemd/user/{RUNNER_UNIT}", UNIT),
@@ -206,7 +210,8 @@ def plan_disable(
     made = SYSTEM_MADE_DIRS if mode == SYSTEM else USER_MADE_DIRS
     prune = tuple(dict.fromkeys(p.parent for p in paths if p.parent.name in made))
     if mode == SYSTEM:
-        stop = (("systemctl", "disable", "--now", SYSTEM_UNIT),)
+        stop = (("systemctl", "disable", "--now", SYSTEM_UNIT),
+                ("systemctl", "stop", ISOLATION_UNIT))
         commands = (("systemctl", "daemon-reload"), _RELOAD_BUS_POLICY)
     elif mode == SHARED:
         stop = (("systemctl", "--user", "disable", "--now", SHARED_UNIT),)

@@ -51,7 +51,7 @@ def claim_to_record(claim: Claim) -> dict:
         "end_usec": claim.end_usec, "on": list(claim.on), "until_usec": claim.until_usec,
         "until_booking": claim.until_booking, "overdue": claim.overdue,
         "session": claim.session, "job": claim.job, "reply_to": claim.reply_to,
-        "reply_serial": claim.reply_serial,
+        "reply_serial": claim.reply_serial, "isolated": claim.isolated,
     }
 
 

@@ -54,6 +54,7 @@ class NvmlBackend:
                         name=_text(nv.nvmlDeviceGetName(h)),
                         memory_bytes=int(nv.nvmlDeviceGetMemoryInfo(h).total),
                         pci_bus_id=_text(nv.nvmlDeviceGetPciInfo(h).busId),
+                        minor=int(nv.nvmlDeviceGetMinorNumber(h)),
                     )
                 )
         return gpus

@@ -5,7 +5,7 @@ JSON file, looked at on every look (parsed again when it changed: a new inode, s
 mtime), so a test can change what "the driver" reports::
 
     {"gpus": [{"index": 0, "uuid": "GPU-...", "name": "...", "memory_total_mib": 81920,
-               "pci_bus_id": "00000000:01:00.0",
+               "pci_bus_id": "00000000:01:00.0", "minor": 0,
                "processes": [{"pid": 4242, "used_memory_mib": 1024}],
                "utilization_pct": 35, "memory_used_mib": 1024}]}
 
@@ -129,6 +129,7 @@ def _gpu(e: dict) -> Gpu:
             name=str(e.get("name", "Simulated GPU")),
             memory_bytes=int(e.get("memory_total_mib", DEFAULT_MEMORY_MIB)) * MIB,
             pci_bus_id=str(e.get("pci_bus_id") or f"00000000:{index + 1:02x}:00.0"),
+            minor=int(e.get("minor", index)),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise BackendError(f"simulation entry {e!r}: {exc}") from exc

@@ -22,7 +22,7 @@ from .options import parse_options
 BOOK_OPTIONS = {
     "GPUs": "u", "GPUNames": "as", "Exclude": "as", "VRAMBytes": "t", "Pools": "a{st}",
     "DurationUSec": "t", "StartUSec": "t", "Earliest": "b", "Exclusive": "b",
-    "OpID": "s", "Label": "s", "TaskName": "s", "DryRun": "b",
+    "OpID": "s", "Label": "s", "TaskName": "s", "DryRun": "b", "Isolate": "b",
 }
 """``Book``, ``EditBooking`` and ``FindSlots`` options.  No ``StartUSec`` (or
 ``Earliest``): the earliest start that fits."""
@@ -66,7 +66,8 @@ def booking_request(options: dict, gpu_uuid,
         start_usec=start, named=named, excluded=excluded,
         exclusive=opts.get("Exclusive", old.exclusive if old else False),
         label=opts.get("Label", old.label if old else ""),
-        task_name=opts.get("TaskName", old.task_name if old else ""))
+        task_name=opts.get("TaskName", old.task_name if old else ""),
+        isolate=opts.get("Isolate", old.isolate if old else False))
     return request, opts.get("OpID", ""), opts.get("DryRun", False)
 
 
@@ -89,6 +90,7 @@ FIELDS = (
     ("Reason", "reason", "s"), ("ClaimState", "claim_state", "s"),
     ("WaitingFor", "waiting_for", "as"), ("Session", "session", "s"), ("Job", "job", "s"),
     ("JobExit", "job_exit", "i"), ("JobDetail", "job_detail", "s"),
+    ("Isolated", "isolated", "b"),
 )
 """A booking's record: its a{sv} key, its JSON key (what the clients return), its type."""
 
@@ -109,6 +111,7 @@ def booking_fields(b: Booking, gpus: dict, claim_state: str = "",
         "ended_by": b.ended_by, "ended_usec": b.ended_usec, "reason": b.reason,
         "claim_state": claim_state, "waiting_for": list(waiting_for), "session": b.session,
         "job": b.job, "job_exit": b.job_exit, "job_detail": b.job_detail,
+        "isolated": b.request.isolate,
     }
 
 

@@ -18,7 +18,7 @@ class ClaimInterface(Interface):
                  "StopRequested": ("by_uid", "reason")}
     CONST_PROPERTIES = frozenset({
         "Id", "Mode", "UID", "User", "OwnerPID", "OwnerStartTime", "TaskName",
-        "CreatedUSec", "Priority", "Reclaimable", "VRAMBytes", "Pools", "Session",
+        "CreatedUSec", "Priority", "Reclaimable", "VRAMBytes", "Pools", "Session", "Isolated",
     })
 
     def __init__(self, claim: Claim, manager):
@@ -119,6 +119,12 @@ class ClaimInterface(Interface):
     @dbus_property(access=R)
     def Reclaimable(self) -> "b":
         return self.claim.reclaimable
+
+    @dbus_property(access=R)
+    def Isolated(self) -> "b":
+        """Its processes started through resourced run in a scope that opens its GPUs and
+        no others (Manager.Confine)."""
+        return self.claim.isolated
 
     @dbus_property(access=R)
     def ReclaimRequested(self) -> "b":

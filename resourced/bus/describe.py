@@ -108,6 +108,7 @@ class StateView:
             "label": c.label,
             "task_name": c.task_name,
             "session": c.session,
+            "isolated": c.isolated,
             "created_usec": c.created_usec,
             "until_usec": c.until_usec,
             "until_booking": c.until_booking,
@@ -135,4 +136,5 @@ class StateView:
             "UntilUSec": Variant("t", claim.until_usec),
             "UntilBooking": Variant("s", claim.until_booking),
             "Session": Variant("s", claim.session),
+            "Isolated": Variant("b", claim.isolated),
         }

@@ -104,7 +104,7 @@ CLAIM_OPTIONS = {
     "Mode": "s", "OwnerPID": "u", "MemberPIDs": "au", "Label": "s", "TaskName": "s",
     "VRAMBytes": "t", "Pools": "a{st}", "Priority": "i", "Wait": "b",
     "QueueTimeoutUSec": "t", "Reclaimable": "b", "DurationUSec": "t", "Session": "s",
-    "DryRun": "b", "ReplyWhenGranted": "b",
+    "DryRun": "b", "ReplyWhenGranted": "b", "Isolate": "b",
 }
 RELEASE_FLAGS = RELEASE_FORCE | RELEASE_DRY_RUN
 JOB_OPTIONS = {"UID": "u", "Name": "s"}
@@ -129,6 +129,7 @@ class ManagerInterface(Interface):
         "Describe": ("json",),
         "Release": ("warnings",),
         "ReleaseGPU": ("claim_id",),
+        "Confine": ("unit",),
         "Verify": ("report",),
         "Reload": ("applied", "needs_restart"),
         "ClaimNew": ("claim_id", "claim"),
@@ -235,6 +236,9 @@ class ManagerInterface(Interface):
         caller = await self.credentials.caller()
         await self.authority.check(call, caller.uid, CLAIM, {
             "gpus": str(gpus), "mode": opts.get("Mode", "run"), "label": opts.get("Label", "")})
+        if opts.get("Isolate") is False and self.engine.settings.isolation == "always" \
+                and caller.uid != 0:  # only an administrator runs unconfined here
+            await self.authority.check(call, caller.uid, MANAGE, {"isolate": "false"})
         timeout = opts.get("QueueTimeoutUSec")
         claim, warnings = await self.engine.claim(
             caller,
@@ -252,6 +256,7 @@ class ManagerInterface(Interface):
             session=opts.get("Session"),
             dry_run=opts.get("DryRun", False),
             call_serial=call.serial,
+            isolate=opts.get("Isolate"),
         )
         if opts.get("DryRun"):  # no claim was made: no reference, no object
             return ["", "/", self.view.grant(claim, warnings, dry_run=True)]
@@ -264,6 +269,14 @@ class ManagerInterface(Interface):
     @bus_errors
     async def Release(self, claim_id: "s", flags: "t") -> "as":
         return await self.release(claim_id, flags)
+
+    @dbus_method()
+    @bus_errors
+    async def Confine(self, claim_id: "s", pid: "u") -> "s":
+        """Run the caller's process ``pid`` in isolated claim ``claim_id``'s scope, where
+        it opens the claim's GPUs and no others (before it execs its command); the
+        scope's unit name."""
+        return await self.engine.confine(await self.credentials.caller(), claim_id, pid)
 
     @dbus_method()
     @bus_errors
@@ -313,7 +326,9 @@ class ManagerInterface(Interface):
     @dbus_method()
     @bus_errors
     async def Verify(self) -> "aa{sv}":
-        return [_report(r) for r in await self.engine.verify()]
+        reports, claims = await self.engine.verify(), self.engine.ledger.claims
+        return [_report(r, r.claim_id in claims and claims[r.claim_id].isolated)
+                for r in reports]
 
     @dbus_method()
     @bus_errors
@@ -572,7 +587,7 @@ class ManagerInterface(Interface):
 
     @dbus_property(access=R)
     def Features(self) -> "as":
-        return FEATURES
+        return FEATURES + (["isolation"] if self.engine.scopes is not None else [])
 
     @dbus_property(access=R)
     def NGPUs(self) -> "u":
@@ -863,9 +878,9 @@ class ManagerInterface(Interface):
             fn(*args)
 
 
-def _report(r: GpuReport) -> dict:
+def _report(r: GpuReport, isolated: bool) -> dict:
     """One GPU's verify report as a{sv} (processes as aa{sv}: Pid, UsedMemoryBytes, UID,
-    User, Command, Claim, Ambiguous, Container)."""
+    User, Command, Claim, Ambiguous, Container); ``isolated``: its claim's."""
     processes = [
         {
             "Pid": Variant("u", p.pid),
@@ -885,6 +900,7 @@ def _report(r: GpuReport) -> dict:
         "Index": Variant("i", r.index),
         "Status": Variant("s", r.status),
         "Claim": Variant("s", r.claim_id),
+        "Isolated": Variant("b", isolated),
         "Detail": Variant("s", r.detail),
         "Processes": Variant("aa{sv}", processes),
     }

@@ -46,6 +46,7 @@ METHOD_ACTIONS = {
     (MANAGER_IFACE, "Claim"): CLAIM,
     (MANAGER_IFACE, "Release"): OWNER_OR_RELEASE_OTHER,
     (MANAGER_IFACE, "ReleaseGPU"): OWNER_OR_RELEASE_OTHER,
+    (MANAGER_IFACE, "Confine"): OWNER,
     (MANAGER_IFACE, "Reload"): MANAGE,
     (MANAGER_IFACE, "Verify"): READ,
     (MANAGER_IFACE, "Describe"): READ,

@@ -115,13 +115,16 @@ def _request(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task
               "tomorrow 09:00, an ISO time (local unless it has a zone).")
 @click.option("--op-id", default=None, metavar="ID",
               help="Retry-safe: the same request with the same id answers the first result.")
+@click.option("--isolate", is_flag=True, default=None,
+              help="Run its COMMAND where it can open the booked GPUs and no others (a "
+              "systemd scope; the system service, [daemon] isolation).")
 @session_option
 @dry_run_option
 @bus_option
 @json_option
 @click.argument("command", nargs=-1, metavar="[-- COMMAND [ARGS]...]")
 def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_name, duration,
-         start, op_id, session, dry_run, bus, as_json, command):
+         start, op_id, isolate, session, dry_run, bus, as_json, command):
     """Book GPUs and/or pool amounts for a time window, all or nothing over all of it.
 
     With --at it is placed exactly then or refused (exit 3, naming the nearest start that
@@ -143,6 +146,8 @@ def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_nam
                        task_name, default_gpu=True)
     if op_id is not None:
         request["op_id"] = op_id
+    if isolate:
+        request["isolate"] = True
     now = now_usec()
     with client(bus) as c:
         result = c.book(duration, start=None if start is None else start / 1e6,

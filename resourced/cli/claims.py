@@ -51,6 +51,10 @@ def demand_options(fn):
         click.option("--quiet", "-q", is_flag=True,
                      help="With --wait: say nothing while queued (on a terminal, the place in "
                      "the queue and who holds what it waits for are shown)."),
+        click.option("--isolate/--no-isolate", default=None,
+                     help="Run the claim's commands where they can open its GPUs and no others "
+                     "(a systemd scope; the system service, [daemon] isolation). Default: "
+                     "as the daemon is configured."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -128,9 +132,9 @@ index_option = click.option(
 @dry_run_option
 @bus_option
 @click.argument("command", nargs=-1, required=True, metavar="-- COMMAND [ARGS]...")
-def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet, allocation,
-        reclaimable, reclaim_signal, use_index, label, task_name, session, dry_run, bus,
-        command):
+def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet, isolate,
+        allocation, reclaimable, reclaim_signal, use_index, label, task_name, session, dry_run,
+        bus, command):
     """Run COMMAND on GPUs and/or pool amounts and return its exit code.
 
     It takes what is asked (--gpus N, default 1; --vram on a shared GPU; --ram, --cpu,
@@ -150,7 +154,7 @@ def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet, a
     refuse_stray_words(command, "gpuctl run ... -- COMMAND [ARGS]...")
     asked = demand(gpus, vram, ram, cpu, pools)
     if allocation and (gpus is not None or vram or ram or cpu or pools or duration
-                       or session is not None):
+                       or session is not None or isolate is not None):
         raise click.UsageError("use either --allocation or amounts to claim, not both")
     signum = _signal_number(reclaim_signal)
     if dry_run:
@@ -160,7 +164,7 @@ def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet, a
             result = c.claim(mode="run", label=label, task_name=task_name, use_index=use_index,
                              priority=priority, wait=wait, timeout=timeout,
                              reclaimable=reclaimable, duration=duration, session=session,
-                             dry_run=True, **asked)
+                             dry_run=True, isolate=isolate, **asked)
         _warn(result["warnings"])
         _say_dry_run(result, f"then run: {shlex.join(command)}")
         return 0
@@ -176,7 +180,9 @@ def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet, a
                                       member_pids=[os.getpid()], priority=priority, wait=wait,
                                       timeout=timeout, reclaimable=reclaimable,
                                       progress=line.show, duration=duration, session=session,
-                                      **asked)
+                                      isolate=isolate, **asked)
+            if granted["allocation"]["isolated"]:  # inside its scope before it execs
+                _confine(c, granted["allocation"]["ref"], child.pid, not allocation)
         except BaseException:
             child.cancel()
             raise
@@ -278,6 +284,17 @@ def _warn(warnings: list[str]) -> None:
         click.echo(f"gpuctl: warning: {w}", err=True)
 
 
+def _confine(c, ref: str, pid: int, ours: bool) -> None:
+    """Put the command's process in the claim's scope; a failure ends a claim made for it."""
+    try:
+        c.confine(ref, pid)
+    except BaseException:
+        if ours:
+            with contextlib.suppress(Exception):
+                c.release(ref, force=True)
+        raise
+
+
 def _release_after_run(c, ref: str) -> None:
     """Release a run's claim once the driver has cleared its GPUs, waiting at most
     $RESOURCED_RELEASE_WAIT seconds (default 10), then anyway, with a warning.
@@ -320,8 +337,8 @@ def _release_after_run(c, ref: str) -> None:
 @dry_run_option
 @bus_option
 @json_option
-def claim(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet, owner_pid,
-          reclaimable, label, task_name, use_index, session, dry_run, bus, as_json):
+def claim(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet, isolate,
+          owner_pid, reclaimable, label, task_name, use_index, session, dry_run, bus, as_json):
     """Claim GPUs and/or pool amounts until released, and print the reference.
 
     --dry-run says what would be granted (or that it would wait), limits included, and
@@ -333,7 +350,8 @@ def claim(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet,
         result = c.claim(mode="dev", owner_pid=owner_pid, label=label, task_name=task_name,
                          use_index=use_index, priority=priority, wait=wait, timeout=timeout,
                          reclaimable=reclaimable, progress=line.show, duration=duration,
-                         session=session, dry_run=dry_run, **demand(gpus, vram, ram, cpu, pools))
+                         session=session, dry_run=dry_run, isolate=isolate,
+                         **demand(gpus, vram, ram, cpu, pools))
     _warn(result["warnings"])
     if as_json:
         emit_json({"schema": JSON_SCHEMA, **result})

@@ -210,6 +210,20 @@ class Runner:
         if self.report(booking_id):
             self._forget(booking_id)  # over, and the daemon knows
 
+    def _confine(self, booking_id: str, proc, write_end: int) -> bool:
+        """Put the shim, before it runs the command, in the booking's scope (an isolated
+        booking); False, with the shim gone, when that fails (the next tick tries again)."""
+        from ..errors import ResourcedError
+
+        try:
+            self.client.confine(booking_id, proc.pid)
+            return True
+        except ResourcedError as exc:
+            os.close(write_end)  # the shim reads nothing and runs nothing
+            proc.wait()
+            log.error("cannot isolate the job of %s (%s); not started", booking_id, exc)
+            return False
+
     def start(self, job):
         """Start a pending job whose booking is active, once its claim is granted; the job
         marked running (before the command can run), or None if it must wait."""
@@ -242,6 +256,8 @@ class Runner:
             return None
         finally:
             os.close(read_end)
+        if held.get("isolated") and not self._confine(booking_id, proc, write_end):
+            return None
         rec = self.records.get(booking_id)
         running = advance(job, RUNNING, pid=proc.pid, pid_start=process_start(proc.pid) or 0,
                           boot_id=boot_id(), started_usec=self.now(),

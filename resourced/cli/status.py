@@ -28,6 +28,10 @@ def _owner(c: dict) -> str:
     return f"{c['owner_pid']} ({'alive' if c['owner_alive'] else 'DEAD'})"
 
 
+def _mode(c: dict) -> str:
+    return c["mode"] + (" isolated" if c.get("isolated") else "")
+
+
 def render_status(data: dict, now: float) -> str:
     """The status table, from the same data ``--json`` prints."""
     claims = {c["id"]: c for c in data["claims"]}
@@ -38,13 +42,13 @@ def render_status(data: dict, now: float) -> str:
             rows.append((g["alias"], g["name"], g["state"], "-", "", "", "", "", "", ""))
             continue
         owner = _owner(c)
-        rows.append((g["alias"], g["name"], g["state"], c["id"], c["mode"], c["user"],
+        rows.append((g["alias"], g["name"], g["state"], c["id"], _mode(c), c["user"],
                      _age(c["created_usec"], now), owner, c["task_name"], c["label"]))
     for g in data["gpus"]:
         for ref in g["shared_by"]:
             c = claims[ref]
             owner = _owner(c)
-            rows.append((g["alias"], f"VRAM {_bytes(c['vram_bytes'])}", "shared", c["id"], c["mode"],
+            rows.append((g["alias"], f"VRAM {_bytes(c['vram_bytes'])}", "shared", c["id"], _mode(c),
                          c["user"], _age(c["created_usec"], now), owner, c["task_name"],
                          c["label"]))
     lines = table(rows)
@@ -184,7 +188,8 @@ def free(bus, as_json):
 def render_verify(reports: list[dict]) -> str:
     lines = []
     for r in reports:
-        claim = f" (claim {r['claim']})" if r["claim"] else ""
+        isolated = ", isolated" if r.get("isolated") else ""
+        claim = f" (claim {r['claim']}{isolated})" if r["claim"] else ""
         detail = f": {r['detail']}" if r["detail"] else ""
         lines.append(f"{r['alias'] or r['uuid']}  {r['status']}{claim}{detail}")
         for p in r["processes"]:

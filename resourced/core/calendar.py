@@ -71,6 +71,7 @@ class BookingRequest:
     exclusive: bool = False
     label: str = ""
     task_name: str = ""
+    isolate: bool = False  # its claim's commands run confined to its GPUs
 
     def __post_init__(self):
         if self.duration_usec <= 0:

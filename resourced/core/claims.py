@@ -91,6 +91,7 @@ class ClaimRequest:
     session: str = ""  # the agent session it belongs to (see check_session)
     reply_to: str = ""  # who is told a queued claim's outcome (a bus name; "" = everyone)
     reply_serial: int = 0  # the serial of reply_to's call that made it (0: unknown)
+    isolated: bool = False  # its processes are confined to its GPUs (systemd scope)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -172,6 +173,7 @@ class Claim:
     job: str = ""                 # the Slurm job id of a claim in mode slurm
     reply_to: str = ""            # who is told a queued claim's outcome ("" = everyone)
     reply_serial: int = 0         # the serial of reply_to's call that made it (0: unknown)
+    isolated: bool = False        # its processes run confined to its GPUs (a systemd scope)
 
     @property
     def shared(self) -> bool:

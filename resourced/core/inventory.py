@@ -13,6 +13,7 @@ class Gpu:
     memory_bytes: int = 0
     pci_bus_id: str = ""
     alias: str = ""
+    minor: int | None = None  # of its device node, /dev/nvidia<minor>; None: unknown
 
     @property
     def label(self) -> str:

@@ -287,6 +287,7 @@ class Ledger:
             end_usec=request.end_usec, session=request.session,
             reply_to=request.reply_to if wait else "",
             reply_serial=request.reply_serial if wait else 0,
+            isolated=request.isolated,
         )
         if not wait and not self._queue and busy is not None:
             # Nobody waits: the walk would visit this claim alone and grant it where it
@@ -313,7 +314,8 @@ class Ledger:
 
     def start_booking(self, booking_id: str, demand: Demand, on: tuple[str, ...], uid: int,
                       user: str, label: str, task_name: str, now_usec: int, end_usec: int,
-                      busy: frozenset[str] | None = frozenset(), session: str = "") -> list[Event]:
+                      busy: frozenset[str] | None = frozenset(), session: str = "",
+                      isolated: bool = False) -> list[Event]:
         """A booking starts: its claim (same id, mode ``booking``, no process) waits at the
         head of the queue for exactly its GPUs and is granted at once when they are free,
         as the calendar made sure; if a claim overstays, it is asked back."""
@@ -324,7 +326,7 @@ class Ledger:
                       uid=uid, user=user, label=label, task_name=task_name,
                       created_usec=now_usec, priority=BOOKING_PRIORITY, state=QUEUED,
                       seq=self._seq, owner_alive=False, end_usec=end_usec, on=on,
-                      until_usec=end_usec, session=session)
+                      until_usec=end_usec, session=session, isolated=isolated)
         self._add(claim)
         return [ClaimQueued(claim), *self._schedule(busy)]
 

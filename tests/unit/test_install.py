@@ -26,6 +26,8 @@ def test_system_plan_fills_in_the_interpreter_and_config(tmp_path):
         tmp_path / "etc/systemd/system/resourced.service",
         tmp_path / "etc/dbus-1/system.d/org.resourced.conf",
         tmp_path / "usr/share/dbus-1/system-services/org.resourced.service",
+        tmp_path / "etc/systemd/system/resourced-isolation.service",
+        tmp_path / "usr/share/dbus-1/system-services/org.resourced.Isolation.service",
         tmp_path / "etc/sysusers.d/resourced.conf",
         tmp_path / "usr/share/polkit-1/actions/org.resourced.policy",
         tmp_path / "etc/polkit-1/rules.d/50-resourced.rules",
@@ -36,6 +38,8 @@ def test_system_plan_fills_in_the_interpreter_and_config(tmp_path):
     unit = files[tmp_path / "etc/systemd/system/resourced.service"]
     assert (f"\nExecStart={sys.executable} -m resourced.daemon --system "
             "--config /etc/resourced/gpus.toml\n") in unit
+    helper = files[tmp_path / "etc/systemd/system/resourced-isolation.service"]
+    assert f"\nExecStart={sys.executable} -m resourced.isolation.helper\n" in helper
     assert plan.unit_path == tmp_path / "etc/systemd/system/resourced.service"
     assert all(f.mode == 0o644 for f in plan.write)
     assert plan.commands == (
@@ -110,8 +114,10 @@ def test_disable_removes_exactly_what_enable_writes(tmp_path, mode):
     assert disable.unit == enable.unit
     units = (enable.unit, "resourced-runner.service", "resourced-notify.service") \
         if mode == "user" else (enable.unit,)  # every unit of the user's that it wrote
+    isolation = (("systemctl", "stop", "resourced-isolation.service"),) \
+        if mode == "system" else ()  # bus-activated, never enabled: stopped
     assert disable.stop == (("systemctl", *(["--user"] if mode == "user" else []), "disable",
-                             "--now", *units),)
+                             "--now", *units), *isolation)
     assert ("systemctl", *(["--user"] if mode == "user" else []), "daemon-reload") \
         in disable.commands
 

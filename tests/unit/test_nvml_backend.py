@@ -19,9 +19,10 @@ MIB = 1024 * 1024
 RECORDED = [
     {"uuid": "GPU-8f6b2c1e-0d4a-4f7e-9c3b-2a1d5e6f7a8b", "name": "NVIDIA H100 80GB HBM3",
      "total": 81559 * MIB, "used": 1024 * MIB, "bus_id": b"00000000:19:00.0",
-     "processes": [(4242, 1000 * MIB), (4300, None)]},
+     "processes": [(4242, 1000 * MIB), (4300, None)], "minor": 2},
     {"uuid": "GPU-1c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f", "name": "NVIDIA H100 80GB HBM3",
-     "total": 81559 * MIB, "used": 0, "bus_id": b"00000000:3B:00.0", "processes": []},
+     "total": 81559 * MIB, "used": 0, "bus_id": b"00000000:3B:00.0", "processes": [],
+     "minor": 0},
 ]
 
 
@@ -47,7 +48,7 @@ class FakeNvml:
     FUNCTIONS = ("nvmlInit", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
                  "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo",
                  "nvmlDeviceGetPciInfo", "nvmlDeviceGetComputeRunningProcesses",
-                 "nvmlDeviceGetUtilizationRates")
+                 "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMinorNumber")
 
     def __init__(self, monkeypatch, gpus=RECORDED, as_bytes=False):
         self.gpus = [dict(g) for g in gpus]
@@ -105,6 +106,9 @@ class FakeNvml:
                                     pciDeviceId=0x233010DE, pciSubSystemId=0x16C110DE,
                                     busId=g["bus_id"])
 
+    def _nvmlDeviceGetMinorNumber(self, h):
+        return self.gpus[h.index]["minor"]
+
     def _nvmlDeviceGetUtilizationRates(self, h):
         return pynvml.c_nvmlUtilization_t(gpu=self.gpus[h.index].get("util", 0), memory=0)
 
@@ -119,7 +123,8 @@ def nvml(monkeypatch) -> FakeNvml:
 
 def expected_inventory() -> list[Gpu]:
     return [Gpu(index=i, uuid=g["uuid"], name=g["name"], memory_bytes=g["total"],
-                pci_bus_id=g["bus_id"].decode()) for i, g in enumerate(RECORDED)]
+                pci_bus_id=g["bus_id"].decode(), minor=g["minor"])
+            for i, g in enumerate(RECORDED)]
 
 
 EXPECTED_PROCESSES = {

@@ -30,7 +30,7 @@ def write(path, data) -> str:
 def default_gpu(index: int) -> Gpu:
     return Gpu(index=index, uuid=simulated_uuid(index), name="Simulated GPU",
                memory_bytes=DEFAULT_MEMORY_MIB * MIB,
-               pci_bus_id=f"00000000:{index + 1:02x}:00.0")
+               pci_bus_id=f"00000000:{index + 1:02x}:00.0", minor=index)
 
 
 # -- a count -----------------------------------------------------------------------------
@@ -63,14 +63,14 @@ def test_sixteen_gpus_get_hex_pci_bus_ids():
 def test_a_file_gives_its_gpus_with_defaults_for_what_is_missing(tmp_path):
     path = write(tmp_path / "gpus.json", {"gpus": [
         {"index": 0, "uuid": "GPU-aaaa", "name": "H100", "memory_total_mib": 1024,
-         "pci_bus_id": "00000000:81:00.0"},
+         "pci_bus_id": "00000000:81:00.0", "minor": 5},
         {"index": 1},
     ]})
     backend = SimulatedBackend.from_setting(path)
     assert (backend.count, backend.path) == (None, path)
     assert backend.inventory() == [
         Gpu(index=0, uuid="GPU-aaaa", name="H100", memory_bytes=1024 * MIB,
-            pci_bus_id="00000000:81:00.0"),
+            pci_bus_id="00000000:81:00.0", minor=5),
         default_gpu(1),
     ]
 

@@ -47,13 +47,16 @@ def test_systemd_accepts_the_rendered_system_unit(tmp_path):
     _verify(plan.unit_path)
 
 
-def test_the_system_unit_is_exposed_less_than_1_5_by_systemds_measure(tmp_path):
+@pytest.mark.parametrize("unit", [install.SYSTEM_UNIT, install.ISOLATION_UNIT])
+def test_the_system_units_are_exposed_less_than_1_5_by_systemds_measure(tmp_path, unit):
     import re
 
-    plan = _staged("system", tmp_path)
+    _staged("system", tmp_path)
+    path = tmp_path / "etc/systemd/system" / unit
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed")
-    done = subprocess.run(["systemd-analyze", "security", "--offline=true", str(plan.unit_path)],
+    _verify(path)
+    done = subprocess.run(["systemd-analyze", "security", "--offline=true", str(path)],
                           check=False, capture_output=True, text=True, timeout=60)
     level = re.search(r"Overall exposure level for \S+: ([0-9.]+)", done.stdout)
     assert level, done.stdout + done.stderr
@@ -101,7 +104,12 @@ def test_the_bus_policy_allows_exactly_our_interfaces_and_owners():
     rules = [(p.attrib, rule.tag, rule.attrib) for p in policies for rule in p]
 
     owners = {(where.get("user"), attrs["own"]) for where, _, attrs in rules if "own" in attrs}
-    assert owners == {("resourced", "org.resourced"), ("root", "org.resourced")}
+    assert owners == {("resourced", "org.resourced"), ("root", "org.resourced"),
+                      ("root", "org.resourced.Isolation")}
+    helper = {(where.get("user"), attrs["send_interface"]) for where, _, attrs in rules
+              if attrs.get("send_destination") == "org.resourced.Isolation"}
+    assert helper == {("resourced", "org.resourced.Isolation"),
+                      ("root", "org.resourced.Isolation")}  # nobody else may call it
     default = [(tag, attrs) for where, tag, attrs in rules if where == {"context": "default"}]
     assert all(tag == "allow" and set(attrs) == {"send_destination", "send_interface"}
                and attrs["send_destination"] == "org.resourced" for tag, attrs in default)
@@ -111,7 +119,8 @@ def test_the_bus_policy_allows_exactly_our_interfaces_and_owners():
     assert {frozenset(p.attrib.items()) for p in policies} == {
         frozenset({("user", "resourced")}), frozenset({("user", "root")}),
         frozenset({("context", "default")})}
-    assert all("own" in attrs for where, _, attrs in rules if "user" in where)
+    assert all("own" in attrs or attrs.get("send_destination") == "org.resourced.Isolation"
+               for where, _, attrs in rules if "user" in where)
 
 
 def _activation(name: str) -> dict[str, str]:
@@ -126,6 +135,10 @@ def test_the_activation_files_start_the_units():
     assert _activation("org.resourced.service") == {
         "Name": "org.resourced", "Exec": "/bin/false", "User": "resourced",
         "SystemdService": install.SYSTEM_UNIT,
+    }
+    assert _activation("org.resourced.Isolation.service") == {
+        "Name": "org.resourced.Isolation", "Exec": "/bin/false", "User": "root",
+        "SystemdService": install.ISOLATION_UNIT,
     }
     session = _activation("org.resourced.session.service")
     assert session["Name"] == "org.resourced"

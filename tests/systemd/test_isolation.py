@@ -1,0 +1,194 @@
+"""Device isolation under the real systemd, with the service as `service enable --system`
+installed it and `isolation = "opt-in"`: a command run with --isolate opens its own GPU's
+node and the driver's (ENXIO: allowed, and no driver behind these nodes) but not another
+GPU's (EPERM: the scope's device filter); its scope ends with its claim, and takes its
+processes with it.
+
+The GPUs are simulated; their nodes are made with mknod (major 195, minors 0 to 3, and 255
+for nvidiactl), as the driver's would be."""
+
+import json
+import re
+import subprocess
+import time
+
+import pytest
+
+from .harness import CONFIG, NGPUS, UNIT
+
+PROBE = r"""
+import errno, json, os
+seen = {}
+for name in ("nvidia0", "nvidia1", "nvidiactl", "null"):
+    try:
+        os.close(os.open("/dev/" + name, os.O_RDWR))
+        seen[name] = "opened"
+    except OSError as exc:
+        seen[name] = errno.errorcode[exc.errno]
+seen["cgroup"] = open("/proc/self/cgroup").read().strip().rsplit("/", 1)[-1]
+print(json.dumps(seen))
+"""
+SCOPES = "resourced-claim-*.scope"
+
+
+def _with_isolation(text: str, value: str) -> str:
+    text = re.sub(r"(?m)^isolation = .*\n", "", text)
+    line = f'isolation = "{value}"\n'
+    if re.search(r"(?m)^\[daemon\]\s*$", text):
+        return re.sub(r"(?m)^\[daemon\]\s*\n", "[daemon]\n" + line, text, count=1)
+    return "[daemon]\n" + line + text
+
+
+def _scopes(ns) -> list[str]:
+    listed = ns.run("systemctl", "list-units", "--all", "--plain", "--no-legend", SCOPES)
+    return [line.split()[0] for line in listed.stdout.splitlines() if line.strip()]
+
+
+def _probe(ns, *gpuctl_args: str, user: str) -> dict:
+    done = ns.gpuctl("run", *gpuctl_args, "--", "/usr/bin/python3", "-c", PROBE, user=user)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_with_isolation_off_isolate_is_refused_in_words(service):
+    """(Before ``opt_in`` turns it on: the default configuration.)"""
+    done = service.ns.gpuctl("run", "--isolate", "--", "true", user=service.login("alice"),
+                             check=False)
+
+    assert done.returncode == 2, done.stderr
+    assert 'isolation is off on this machine' in done.stderr
+    assert '[daemon] isolation = "opt-in"' in done.stderr
+
+
+@pytest.fixture(scope="module")
+def opt_in(rig):
+    """isolation = "opt-in" in the service's configuration, and the GPUs' nodes."""
+    ns = rig.ns
+    for minor in range(NGPUS):
+        ns.run("mknod", "-m", "0666", f"/dev/nvidia{minor}", "c", "195", str(minor),
+               check=False)
+    ns.run("mknod", "-m", "0666", "/dev/nvidiactl", "c", "195", "255", check=False)
+    original = ns.run("cat", CONFIG).stdout
+    ns.write(CONFIG, _with_isolation(original, "opt-in"))
+    ns.systemctl("reload", UNIT)
+    ns.wait_for(lambda: ns.gpuctl("run", "--isolate", "--dry-run", "--", "true",
+                                  check=False).returncode == 0, 10, "isolation in force")
+    yield rig
+    ns.write(CONFIG, original)
+    ns.systemctl("reload", UNIT)
+
+
+def test_an_isolated_command_opens_its_gpu_and_no_other(opt_in, service):
+    ns, alice = service.ns, service.login("alice")
+
+    seen = _probe(ns, "--isolate", user=alice)
+
+    assert seen["cgroup"].startswith("resourced-claim-") and seen["cgroup"].endswith(".scope")
+    assert (seen["nvidia0"], seen["nvidiactl"], seen["null"]) == ("ENXIO", "ENXIO", "opened")
+    assert seen["nvidia1"] == "EPERM"
+    ns.wait_for(lambda: _scopes(ns) == [], 10, "no scope left after the run")
+    assert ns.claims() == {}
+
+
+def test_without_isolate_every_node_opens(opt_in, service):
+    seen = _probe(service.ns, user=service.login("alice"))
+
+    assert (seen["nvidia0"], seen["nvidia1"], seen["nvidiactl"]) == ("ENXIO",) * 3
+    assert not seen["cgroup"].startswith("resourced-claim-")
+
+
+def test_an_isolated_claim_shows_so_and_its_release_ends_its_scope(opt_in, service, owner):
+    ns, alice = service.ns, service.login("alice")
+    ref = service.claim("alice", owner("alice"), "--isolate")
+    assert ns.claims()[ref]["isolated"] is True
+    assert f"{ref}" in ns.gpuctl("status").stdout and " isolated " in ns.gpuctl("status").stdout
+    started = time.monotonic()
+    worker = subprocess.Popen(ns.command(str(ns.venv / "bin/gpuctl"), "run", "--allocation", ref,
+                                         "--", "sleep", "300", user=alice),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        scope = f"resourced-claim-{ref}.scope"
+        ns.wait_for(lambda: _scopes(ns) == [scope], 10, "the claim's scope")
+        verified = json.loads(ns.gpuctl("verify", "--json", check=False).stdout)
+        assert any(r["claim"] == ref and r["isolated"] for r in verified["gpus"]), verified
+
+        ns.gpuctl("release", "--allocation", ref, "--force", user=alice)
+
+        ns.wait_for(lambda: _scopes(ns) == [], 15, "the scope gone with its claim")
+        worker.wait(15)  # its command was stopped with the scope
+        assert time.monotonic() - started < 30
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(5)
+
+
+def test_always_isolates_every_command_and_only_root_may_opt_out(opt_in, service):
+    ns, alice = service.ns, service.login("alice")
+    opt = ns.run("cat", CONFIG).stdout
+    ns.write(CONFIG, _with_isolation(opt, "always"))
+    ns.systemctl("reload", UNIT)
+    try:
+        ns.wait_for(lambda: _probe(ns, user=alice)["nvidia1"] == "EPERM", 10,
+                    "every command isolated")
+        refused = ns.gpuctl("run", "--no-isolate", "--", "true", user=alice, check=False)
+        assert refused.returncode == 8, refused.stderr
+        assert _probe(ns, "--no-isolate", user=None)["nvidia1"] == "ENXIO"  # root may
+    finally:
+        ns.write(CONFIG, opt)
+        ns.systemctl("reload", UNIT)
+        ns.wait_for(lambda: _probe(ns, user=alice)["nvidia1"] == "ENXIO", 10,
+                    "opt-in again")
+
+
+def test_a_restarted_daemon_keeps_its_claims_scopes_and_stops_a_stray_one(opt_in, service,
+                                                                          owner):
+    ns, alice = service.ns, service.login("alice")
+    ref = service.claim("alice", owner("alice"), "--isolate")
+    worker = subprocess.Popen(ns.command(str(ns.venv / "bin/gpuctl"), "run", "--allocation", ref,
+                                         "--", "sleep", "300", user=alice),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stray = subprocess.Popen(ns.command("systemd-run", "--scope", "--unit",
+                                        "resourced-claim-zzzzzzz", "sleep", "300"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ns.wait_for(lambda: sorted(_scopes(ns)) == [f"resourced-claim-{ref}.scope",
+                                                    "resourced-claim-zzzzzzz.scope"],
+                    10, "the claim's scope and a stray one")
+
+        ns.systemctl("restart", UNIT)
+
+        ns.wait_for(lambda: _scopes(ns) == [f"resourced-claim-{ref}.scope"], 15,
+                    "the stray scope stopped, the live claim's kept")
+        stray.wait(15)
+        assert worker.poll() is None and ref in ns.claims()
+    finally:
+        for proc in (worker, stray):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
+
+
+def test_an_isolated_bookings_command_runs_confined(opt_in, service):
+    ns, alice = service.ns, service.login("alice")
+    state = "/tmp/sdt-alice-state"
+    ns.run("install", "-d", "-o", alice, "-m", "0700", state)
+    env = {"XDG_STATE_HOME": state}
+    out = f"{state}/probe.json"
+    script = PROBE.replace("print(json.dumps(seen))", f"open({out!r}, 'w').write(json.dumps(seen))")
+    ref = ns.gpuctl("book", "--isolate", "--for", "10m", "--", "/usr/bin/python3", "-c", script,
+                    user=alice, env=env).stdout.strip()
+    listed = json.loads(ns.gpuctl("bookings", "--json", user=alice, env=env).stdout)
+    assert [b["isolated"] for b in listed if b["id"] == ref] == [True]
+    runner = subprocess.Popen(ns.command(str(ns.venv / "bin/gpuctl"), "runner", user=alice,
+                                         env=env),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = ns.wait_for(lambda: json.loads(ns.run("cat", out, check=False).stdout or "null"),
+                           20, "the booked command's probe")
+        assert (seen["nvidia0"], seen["nvidia1"]) == ("ENXIO", "EPERM")
+        assert seen["cgroup"] == f"resourced-claim-{ref}.scope"
+    finally:
+        runner.terminate()
+        runner.wait(10)
+        ns.gpuctl("cancel", ref, user=alice, env=env, check=False)
+        ns.run("rm", "-rf", state)
