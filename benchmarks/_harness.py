@@ -1,4 +1,5 @@
-"""What the benchmark scripts share: a daemon on a private bus, and percentiles.
+"""What the benchmark scripts share: a daemon on a private bus, resourced under a real
+systemd, and percentiles.
 
 Not a benchmark itself.  The scripts import it as ``_harness`` (``python benchmarks/X.py``
 puts this folder first on ``sys.path``).
@@ -174,3 +175,31 @@ def _tree() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{head or 'unknown'}{' + uncommitted changes in resourced/' if dirty else ''}"
+
+
+@contextlib.contextmanager
+def installed_under_systemd(name: str):
+    """systemd 252 booted in namespaces of its own with resourced installed and enabled
+    as the systemd tests do (tests/systemd/harness.py); the namespace, torn down after.
+    Exits with 2 where it cannot run (not root, no systemd)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.systemd.harness import Namespace, boot_with_resourced, missing_prerequisites
+
+    reason = missing_prerequisites()
+    if reason:
+        print(f"{name}: cannot run: {reason}", file=sys.stderr)
+        sys.exit(2)
+    print(machine_line())
+    Namespace.recover_stale()
+    ns = Namespace()
+    try:
+        t = time.monotonic()
+        boot_with_resourced(ns)
+        ns.enable()
+        print(f"  set-up (venv, boot, accounts, enable): {time.monotonic() - t:.1f} s "
+              f"({', '.join(f'{k} {v:.1f} s' for k, v in ns.timings.items())})")
+        yield ns
+    finally:
+        problems = ns.stop()
+        if problems:
+            print(f"{name}: left behind: " + "; ".join(problems), file=sys.stderr)

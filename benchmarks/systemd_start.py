@@ -29,15 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _harness import machine_line, summary
+from _harness import installed_under_systemd, summary
 
-from tests.systemd.harness import (
-    UNIT,
-    Namespace,
-    boot_with_resourced,
-    missing_prerequisites,
-    sigterm_interrupts,
-)
+from tests.systemd.harness import UNIT, Namespace, sigterm_interrupts
 
 # Runs inside, with the venv's python: times systemctl and busctl there.
 TIMER_PY = r"""
@@ -109,20 +103,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--claims", type=int, default=1000)
     a = p.parse_args()
-    reason = missing_prerequisites()
-    if reason:
-        print(f"systemd_start: cannot run: {reason}", file=sys.stderr)
-        return 2
     print(f"systemd_start: {a.rounds} rounds each; systemd 252 in namespaces, simulated GPUs")
-    print(machine_line())
-    Namespace.recover_stale()
-    ns = Namespace()
-    try:
-        t = time.monotonic()
-        boot_with_resourced(ns)
-        ns.enable()
-        print(f"  set-up (venv, boot, accounts, enable): {time.monotonic() - t:.1f} s "
-              f"({', '.join(f'{k} {v:.1f} s' for k, v in ns.timings.items())})")
+    with installed_under_systemd("systemd_start") as ns:
         report("start, 0 claims", measure(ns, "start", a.rounds))
         report("call to the running service", measure(ns, "call", a.rounds))
         report("bus-activating call to its answer", measure(ns, "activate", a.rounds))
@@ -140,10 +122,6 @@ def main() -> int:
         if f"{a.claims} claim(s)" not in status:
             print(f"systemd_start: the claims were not all restored: {status}", file=sys.stderr)
             return 1
-    finally:
-        problems = ns.stop()
-        if problems:
-            print("systemd_start: left behind: " + "; ".join(problems), file=sys.stderr)
     return 0
 
 
