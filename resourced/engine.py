@@ -1009,6 +1009,8 @@ class Engine(CalendarOperations):
         """Run the caller's process ``pid`` in the claim's scope, where it can open the
         claim's GPUs and no others; the scope's unit name.  The scope ends with the claim."""
         claim = self._check_owner(caller, self.ledger.get(claim_id))
+        if self.scopes is None:
+            raise InvalidRequest(UNAVAILABLE_ON_USER_BUS)
         if not claim.isolated:
             raise InvalidRequest(f"claim {claim_id} is not isolated (claim with --isolate)")
         if claim.state != GRANTED:

@@ -67,6 +67,8 @@ class CalendarOperations:
                      admin: bool = False, op_id: str = "", dry_run: bool = False) -> Booking:
         self.run_due()
         old = self.calendar.bookings.get(booking_id)
+        if request.isolate and not (old and old.request.isolate):
+            self._isolated(True, BOOKING)  # refused here if it cannot be
         booking, events = self.calendar.edit(booking_id, request, caller.uid,
                                              self._booking_now(), admin, "" if dry_run else op_id)
         self._settle(events, [(booking_id, old)], dry_run)

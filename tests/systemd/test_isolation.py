@@ -192,3 +192,31 @@ def test_an_isolated_bookings_command_runs_confined(opt_in, service):
         runner.wait(10)
         ns.gpuctl("cancel", ref, user=alice, env=env, check=False)
         ns.run("rm", "-rf", state)
+
+
+CONFINE_PY = r"""
+import sys
+from resourced.client import Client
+from resourced.errors import ResourcedError
+try:
+    with Client(bus="system") as c:
+        c.confine(sys.argv[1], int(sys.argv[2]))
+except ResourcedError as exc:
+    print(type(exc).__name__, exc.message)
+"""
+
+
+def test_confine_is_for_an_isolated_granted_claim_of_ones_own(opt_in, service, owner):
+    ns = service.ns
+    alice_pid, bob_pid = owner("alice"), owner("bob")
+    plain = service.claim("alice", alice_pid)
+    isolated = service.claim("alice", alice_pid, "--isolate")
+
+    def confine(ref: str, pid: int, user: str) -> str:
+        return ns.python(CONFINE_PY, ref, str(pid), user=service.login(user)).stdout.strip()
+
+    assert confine(plain, alice_pid, "alice") == f"InvalidRequest claim {plain} is not isolated " \
+        "(claim with --isolate)"
+    assert confine(isolated, bob_pid, "alice").startswith("NotProcessOwner")
+    assert confine(isolated, alice_pid, "bob").startswith("NotClaimOwner")
+    assert _scopes(ns) == []
