@@ -738,20 +738,21 @@ class Engine(CalendarOperations):
         busy_free = {g.uuid for g in self.ledger.free_gpus()
                      if evidence.processes.get(g.uuid, None) != []}
         foreign = {}
-        for uuid in self.ledger.gpus:
+        for uuid, procs in evidence.processes.items():
+            if not procs or uuid not in self.ledger.gpus:  # (the common case: nothing runs)
+                continue
             own = {ref.pid for c in self.ledger.claims_on(uuid) for ref in c.processes()}
-            held = sum(p.used_memory_bytes for p in evidence.processes.get(uuid) or ()
-                       if p.pid not in own)
-            if held:
+            if held := sum(p.used_memory_bytes for p in procs if p.pid not in own):
                 foreign[uuid] = held
         self.ledger.foreign_vram = foreign
         changed, self._busy_free = busy_free ^ self._busy_free, busy_free
-        for gpu in self.ledger.gpus.values():
-            if gpu.uuid in changed & busy_free:  # said once, when first found
-                procs = evidence.processes.get(gpu.uuid)
-                what = ("not reported by the driver" if procs is None else
-                        "pids " + ", ".join(str(p.pid) for p in procs))
-                log.warning("%s is unclaimed but busy (%s); not granting it", gpu.label, what)
+        news = sorted(changed & busy_free, key=lambda u: self.ledger.gpus[u].index)
+        for uuid in news:  # each said once, when first found
+            procs = evidence.processes.get(uuid)
+            what = ("not reported by the driver" if procs is None else
+                    "pids " + ", ".join(str(p.pid) for p in procs))
+            log.warning("%s is unclaimed but busy (%s); not granting it",
+                        self.ledger.gpus[uuid].label, what)
         if changed:
             for listener in self._listeners:
                 listener([GpuUseChanged(frozenset(changed))])
