@@ -25,6 +25,7 @@ import sys
 from dbus_fast import BusType, DBusError, Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
 
+from ..bus.names import BUS_DRIVER
 from ..install import ACCOUNT
 
 log = logging.getLogger("resourced-isolation")
@@ -64,13 +65,16 @@ class Helper:
         self.bus = bus
         self.callers = callers  # uids that may call
         self._uids: dict[str, int] = {}  # unique bus name -> its uid (names are never reused)
+        self._answering: set[asyncio.Task] = set()
 
     def handle(self, msg: Message):
         """A message handler: our calls are answered by a task of their own."""
         if msg.message_type is not MessageType.METHOD_CALL or msg.path != PATH or \
                 msg.interface not in (INTERFACE, None):
             return None
-        asyncio.ensure_future(self._answer(msg))
+        task = asyncio.ensure_future(self._answer(msg))
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
         return True
 
     async def _answer(self, msg: Message) -> None:
@@ -92,11 +96,11 @@ class Helper:
         self.bus.send(reply)
 
     async def _check_caller(self, sender: str) -> None:
+        """Refuse any caller but the daemon's account and root (the bus says who it is;
+        the daemon's own Credentials would bring the whole engine into this process)."""
         if sender not in self._uids:
-            answer = await self.bus.call(Message(
-                destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
-                interface="org.freedesktop.DBus", member="GetConnectionUnixUser",
-                signature="s", body=[sender]))
+            answer = await self.bus.call(Message(**BUS_DRIVER, member="GetConnectionUnixUser",
+                                                 signature="s", body=[sender]))
             if answer.message_type is not MessageType.METHOD_RETURN:
                 raise DBusError(DENIED, "cannot tell who is calling")
             self._uids[sender] = answer.body[0]
