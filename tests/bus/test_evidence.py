@@ -458,36 +458,26 @@ def test_a_free_gpu_running_processes_nobody_claimed_is_busy_not_free(start_daem
     assert [g["state"] for g in status()["gpus"]] == ["free"] * 4
 
 
-def test_a_share_whose_only_room_is_on_a_busy_gpu_exits_4(start_daemon, tmp_path, procs):
-    two = Simulation(tmp_path / "two.json", gpus=2)
-    start_daemon(gpus=two.path)
+@pytest.mark.parametrize("gpus, first, stranger_on, share, code, said", [
+    (2, ("--gpus", "1"), 1, "4G", 4, "it fits only on gpu1, where processes nobody claimed run"),
+    (1, ("--vram", "79G"), 0, "768M", 3, "at most 512M free on one GPU"),
+], ids=["its-only-room-is-on-a-busy-gpu", "a-stranger-holds-vram-on-a-shared-gpu"])
+def test_processes_nobody_claimed_keep_a_share_out_until_they_go(
+        start_daemon, tmp_path, procs, gpus, first, stranger_on, share, code, said):
+    driver = Simulation(tmp_path / "gpus.json", gpus=gpus)  # 80G each; a listed process holds 512M
+    start_daemon(gpus=driver.path)
     owner = procs.sleep()
-    claim(owner.pid)
-    two.put(1, procs.sleep().pid)
+    held = gpuctl("claim", "--owner-pid", str(owner.pid), *first)
+    assert held.returncode == 0, held.stderr
+    driver.put(stranger_on, procs.sleep().pid)
+    asked = ("claim", "--owner-pid", str(owner.pid), "--vram", share)
 
-    r = gpuctl("claim", "--owner-pid", str(owner.pid), "--vram", "4G")
+    refused = gpuctl(*asked)
 
-    assert r.returncode == 4, r.stderr
-    assert "it fits only on gpu1, where processes nobody claimed run" in r.stderr
-    two.put(1)
-    assert gpuctl("claim", "--owner-pid", str(owner.pid), "--vram", "4G").returncode == 0
-
-
-def test_vram_held_by_processes_nobody_claimed_is_not_free_to_a_share(start_daemon, tmp_path,
-                                                                        procs):
-    one = Simulation(tmp_path / "one.json", gpus=1)  # 80G; a listed process holds 512M
-    start_daemon(gpus=one.path)
-    owner = procs.sleep()
-    share = gpuctl("claim", "--owner-pid", str(owner.pid), "--vram", "79G")
-    assert share.returncode == 0, share.stderr
-    one.put(0, procs.sleep().pid)
-
-    r = gpuctl("claim", "--owner-pid", str(owner.pid), "--vram", "768M")
-
-    assert r.returncode == 3, r.stderr
-    assert "at most 512M free on one GPU" in r.stderr
-    one.put(0)
-    assert gpuctl("claim", "--owner-pid", str(owner.pid), "--vram", "768M").returncode == 0
+    assert refused.returncode == code, refused.stderr
+    assert said in refused.stderr
+    driver.put(stranger_on)
+    assert gpuctl(*asked).returncode == 0
 
 
 def test_a_hung_driver_lets_claims_through_with_a_warning(start_daemon, sim, procs, tmp_path):

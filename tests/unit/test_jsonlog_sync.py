@@ -20,6 +20,7 @@ class Disk:
         self.on_the_loop = 0
         self.gate = threading.Event()
         self.gate.set()
+        self.held = threading.Event()  # an fsync waits at the gate now
         self.error: OSError | None = None
         real = os.fsync
 
@@ -28,12 +29,18 @@ class Disk:
             if threading.current_thread() is threading.main_thread():
                 self.on_the_loop += 1
             else:
+                self.held.set()
                 assert self.gate.wait(5), "the test never released the disk"
             if self.error is not None:
                 raise self.error
             real(fd)
 
         monkeypatch.setattr(jsonlog.os, "fsync", fsync)
+
+    async def until_held(self) -> None:
+        """Return (the loop running meanwhile) once the log's thread waits in fsync."""
+        held = await asyncio.get_running_loop().run_in_executor(None, self.held.wait, 5)
+        assert held, "no fsync reached the disk"
 
 
 @pytest.fixture
@@ -67,18 +74,14 @@ def test_the_loop_goes_on_while_the_disk_is_slow(tmp_path, disk):
         disk.gate.clear()
         log.append([{"op": "a"}])  # returns at once: the fsync waits in its thread
         waiter = asyncio.ensure_future(log.synced())
-        ticks = 0
         before = disk.on_the_loop
-        for _ in range(5):
-            await asyncio.sleep(0.01)
-            ticks += 1
+        await disk.until_held()  # the loop answered that while the fsync was held
         assert not waiter.done(), "synced() returned before the disk had the line"
         assert disk.on_the_loop == before
         disk.gate.set()
         await waiter
-        return ticks
 
-    assert run(scenario()) == 5
+    run(scenario())
     assert (tmp_path / "test.log").read_text().splitlines()[-1] == '{"op": "a"}'
 
 
@@ -89,7 +92,7 @@ def test_one_fsync_serves_every_write_made_before_it_began(tmp_path, disk):
         start = disk.calls
         disk.gate.clear()
         log.append([{"op": "a"}])  # its sync starts, and is held
-        await asyncio.sleep(0.01)
+        await disk.until_held()
         for name in "bcd":  # written while it is held: they need one more sync
             log.append([{"op": name}])
         waiters = [asyncio.ensure_future(log.synced()) for _ in range(4)]
@@ -122,7 +125,7 @@ def test_close_syncs_what_no_one_waited_for(tmp_path, disk):
     async def scenario():
         disk.gate.clear()
         log.append([{"op": "a"}])
-        await asyncio.sleep(0.01)  # its sync is held in its thread
+        await disk.until_held()
         before = disk.on_the_loop
         log.close()
         disk.gate.set()
