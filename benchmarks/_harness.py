@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from resourced.privatebus import PrivateBus
+from resourced.linux.privatebus import PrivateBus
 
 READY_TIMEOUT = 15.0
 

@@ -21,7 +21,7 @@ GPU).  Then:
     initialized session (the second spawn: bytecode cached by the first), then p50 and
     p90 of --calls ``context`` and --calls ``list`` tool calls (after 10 untimed of
     each), each from the request to the parsed result; beside them the same data through
-    one ``resourced.Client`` in this process (``resourced.agent_context``), which is what
+    one ``resourced.Client`` in this process (``resourced.agents.context``), which is what
     the MCP layer adds to.
 
     python benchmarks/agent_calls.py [--runs 15] [--warmup 2] [--calls 200]
@@ -39,8 +39,8 @@ from pathlib import Path
 
 from _harness import clean_env, daemon_on_private_bus, machine_line, summary
 
-from resourced import agent_context
-from resourced.client import Client
+from resourced.agents import context as agent_context
+from resourced.client.sync import Client
 
 GPUS = 8
 HOUR = 3600

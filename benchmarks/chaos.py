@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from unittest import mock
 
-from resourced.client import SHORT, Client
+from resourced.client.sync import SHORT, Client
 from resourced.errors import DaemonUnreachable
-from resourced.privatebus import PrivateBus
+from resourced.linux.privatebus import PrivateBus
 
 if __package__:  # imported by the tests, as benchmarks.chaos
     from ._harness import _tmpfs, clean_env, machine_line, wait_ready

@@ -19,7 +19,7 @@ import time
 
 from _harness import daemon_on_private_bus, machine_line
 
-from resourced.client import Client
+from resourced.client.sync import Client
 
 
 def rate(seconds: float) -> float:

@@ -81,7 +81,7 @@ def measure(shell: str, script: str, env: dict, prompts: int, refreshes: int,
     claim = (f"_ref=$({py} -m resourced.cli claim --gpus 1 --owner-pid {owner_pid} "
              "--task-name prompt-bench) || exit 1")
     release = f'{py} -m resourced.cli release --force --allocation "$_ref" || exit 1'
-    touch = f'{py} -c "from resourced.shell_stamp import touch_stamp; touch_stamp()"'
+    touch = f'{py} -c "from resourced.linux.shell_stamp import touch_stamp; touch_stamp()"'
     for key, value in (("@INIT@", f"{py} -m resourced.cli shell init"), ("@N@", str(prompts)),
                        ("@R@", str(refreshes)), ("@CLAIM@", claim), ("@TOUCH@", touch),
                        ("@RELEASE@", release)):

@@ -37,8 +37,8 @@ from pathlib import Path
 from _harness import _tmpfs, clean_env, machine_line, percentile, rss_mb, wait_ready
 from jeepney.low_level import HeaderFields
 
-from resourced.client import Client
-from resourced.privatebus import PrivateBus
+from resourced.client.sync import Client
+from resourced.linux.privatebus import PrivateBus
 
 POOL = "slots"
 GPUS = 4

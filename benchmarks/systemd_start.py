@@ -73,7 +73,7 @@ print(json.dumps(results))
 # Makes N claims of 1M of the ram pool, owned by the given pid, through one connection.
 CLAIMS_PY = r"""
 import sys
-from resourced.client import Client
+from resourced.client.sync import Client
 n, owner = int(sys.argv[1]), int(sys.argv[2])
 with Client(bus="system") as c:
     for _ in range(n):

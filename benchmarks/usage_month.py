@@ -30,7 +30,7 @@ from _harness import clean_env, daemon_on_private_bus, machine_line, summary
 from resourced.backends.simulated import simulated_uuid
 from resourced.config import DaemonConfig
 from resourced.core.usage import RESOLUTIONS, Hold, bucket
-from resourced.usage_store import FILE_NAME, UsageStore, retention
+from resourced.daemon.store.usage import FILE_NAME, UsageStore, retention
 
 GPUS = 8
 DAY = 86400 * 1_000_000

@@ -15,7 +15,7 @@ Measured:
     a duplicate without writing), so admission takes the ordinary path, and the list is
     timed before any of them is added.  Aims: ours at 5,000 within 1.2x of ours at 100,
     and at least 5x faster than GPUBK's at 5,000.
-(2) ``Book`` through one ``resourced.client.Client`` with 10,000 bookings in the
+(2) ``Book`` through one ``resourced.client.sync.Client`` with 10,000 bookings in the
     calendar: p50 and p90 of --book-n calls (after 20 untimed), each at a free place after
     the last.  Aim: p50 under 5 ms.
 (3) the daemon's VmRSS with 0 bookings (after a ping and a listing) and with 10,000
@@ -79,8 +79,8 @@ from pathlib import Path
 
 from _harness import _tmpfs, clean_env, machine_line, rss_mb, stop_process, summary, wait_ready
 
-from resourced.client import Client
-from resourced.privatebus import PrivateBus
+from resourced.client.sync import Client
+from resourced.linux.privatebus import PrivateBus
 
 GPUBK_VERSION = "0.2.8"
 INSTALL = (f"python3 -m venv /tmp/gpubk-venv && "

@@ -68,7 +68,7 @@ now = time.monotonic
 
 class Resourced:
     def __init__(self):
-        from resourced.client import Client
+        from resourced.client.sync import Client
         self.c = Client(timeout=60)
         self.errors = 0
     def take(self, n):

@@ -15,7 +15,7 @@ def __getattr__(name):
 
         return getattr(client, name)
     if name == "ResourcedError":
-        from .errors import ResourcedError
+        from resourced.errors import ResourcedError
 
         return ResourcedError
     raise AttributeError(f"module 'resourced' has no attribute {name!r}")

@@ -37,9 +37,9 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .amounts import MAX_AMOUNT, parse_amount
-from .core.health import CheckEntry
-from .xdg import base_dir
+from resourced.core.health import CheckEntry
+from resourced.linux.xdg import base_dir
+from resourced.protocol.amounts import MAX_AMOUNT, parse_amount
 
 __all__ = [
     "SYSTEM_CONFIG",

@@ -13,9 +13,9 @@ HOOKS = ("prolog", "epilog")
 def entry() -> None:
     args = sys.argv[1:]
     if len(args) == 2 and args[0] == "slurm" and args[1] in HOOKS:
-        from .slurm_hooks import run
+        from resourced.slurm.hooks import run
 
         sys.exit(run(args[1]))
-    from .cli import main
+    from resourced.cli import main
 
     sys.exit(main())

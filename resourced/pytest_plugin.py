@@ -42,7 +42,7 @@ class _Session:
         self.client = None
 
     def pytest_collection_modifyitems(self, items):
-        from .amounts import parse_amount
+        from resourced.protocol.amounts import parse_amount
 
         for item in items:
             marker = item.get_closest_marker("gpu")
@@ -88,8 +88,8 @@ class _Session:
         """The session's claim, claimed at the first call (None: refused, see ``refusal``)."""
         if self.claim is not None or self.refusal:
             return self.claim
-        from .client import Client
-        from .errors import ResourcedError
+        from resourced.client.sync import Client
+        from resourced.errors import ResourcedError
 
         wait = self.config.getoption("--resourced-wait")
         # GPUs and a share cannot be one claim: the whole GPUs serve the share tests too.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from resourced.privatebus import PrivateBus
+from resourced.linux.privatebus import PrivateBus
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -90,7 +90,7 @@ class Daemon:
         )
 
     def wait_ready(self, timeout: float = 10.0) -> "Daemon":
-        from resourced.client import Client
+        from resourced.client.sync import Client
 
         def owned():
             if self.proc.poll() is not None:

@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..core.inventory import Gpu
+from resourced.core.inventory import Gpu
 
 
 class BackendError(Exception):

@@ -2,7 +2,8 @@
 
 from contextlib import contextmanager
 
-from ..core.inventory import Gpu
+from resourced.core.inventory import Gpu
+
 from .base import BackendError, GpuLoad, GpuProcess
 
 

@@ -17,7 +17,8 @@ import json
 import os
 import time
 
-from ..core.inventory import Gpu
+from resourced.core.inventory import Gpu
+
 from .base import BackendError, GpuLoad, GpuProcess
 
 MIB = 1024 * 1024

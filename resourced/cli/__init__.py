@@ -8,8 +8,8 @@ import importlib
 
 import click
 
-from .. import __version__
-from ._errors import EXIT_INTERRUPTED, EXIT_USAGE, GpuctlError, exit_code_for
+from resourced import __version__
+from resourced.exits import EXIT_INTERRUPTED, EXIT_USAGE, GpuctlError, exit_code_for
 
 COMMANDS = {
     "run": ("claims", "run", "Run a command on free GPUs (or on a claim), then release them."),
@@ -115,7 +115,7 @@ def _after(rv, color):
     """After a subcommand returned (an error raises past this): a change of the user's
     tells the shell hook through the stamp (imported only then: --help stays light)."""
     if click.get_current_context().invoked_subcommand in CHANGES:
-        from ..shell_stamp import touch_stamp
+        from resourced.linux.shell_stamp import touch_stamp
 
         touch_stamp()
     return rv

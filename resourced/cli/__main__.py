@@ -1,3 +1,3 @@
-from ..gpuctl import entry
+from resourced.gpuctl import entry
 
 entry()

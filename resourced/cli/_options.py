@@ -79,14 +79,14 @@ def client(bus: str | None):
     """A blocking client; imported here so --help never loads the bus library."""
     import sys
 
-    from ..client import Client
+    from resourced.client.sync import Client
 
     return Client(bus=bus, interactive=sys.stdin.isatty())
 
 
 def _daemon_view(ctx) -> dict | None:
     """The daemon's Describe, for completion: None when it cannot be had at once."""
-    from ..client import Client
+    from resourced.client.sync import Client
 
     try:
         with Client(bus=ctx.params.get("bus"), timeout=2) as c:
@@ -122,7 +122,7 @@ class Amount(click.ParamType):
     name = "AMOUNT"
 
     def convert(self, value, param, ctx):
-        from ..amounts import parse_amount
+        from resourced.protocol.amounts import parse_amount
 
         try:
             return parse_amount(value)
@@ -131,13 +131,13 @@ class Amount(click.ParamType):
 
 
 class _Parsed(click.ParamType):
-    """A value one of ``resourced.amounts``' parsers reads, named in its messages by the
+    """A value one of ``resourced.protocol.amounts``' parsers reads, named in its messages by the
     option's name."""
 
     parser = ""
 
     def convert(self, value, param, ctx):
-        from .. import amounts
+        from resourced.protocol import amounts
 
         if isinstance(value, int):
             return value
@@ -175,12 +175,12 @@ class PoolAmount(click.ParamType):
 
 
 class Duration(click.ParamType):
-    """Seconds: ``90``, ``30s``, ``5m``, ``1h``, ``2h30m``, ``1d`` (``resourced.when``)."""
+    """Seconds: ``90``, ``30s``, ``5m``, ``1h``, ``2h30m``, ``1d`` (``resourced.protocol.when``)."""
 
     name = "DURATION"
 
     def convert(self, value, param, ctx):
-        from ..when import parse_duration
+        from resourced.protocol.when import parse_duration
 
         if isinstance(value, float):
             return value

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import click
 
-from ..bus.names import JSON_SCHEMA
+from resourced.protocol.names import JSON_SCHEMA
+
 from ._options import Count, Duration, Memory, bus_option, client, emit_json, json_option
 
 SKILL_NAME = "resourced-gpus"
@@ -78,7 +79,7 @@ def context(bus, as_json):
     if as_json:
         emit_json(data)
         return
-    from ..when import format_span
+    from resourced.protocol.when import format_span
 
     held = data["holding"]
     click.echo(f"{data['me']['user']} (uid {data['me']['uid']}) on the {data['daemon']['bus']} bus")
@@ -96,7 +97,7 @@ def context(bus, as_json):
 
 
 def _context(bus) -> dict:
-    from ..agent_context import context as gather
+    from resourced.agents.context import context as gather
 
     with client(bus) as c:
         return gather(c)
@@ -116,7 +117,7 @@ def recommend(gpus, vram, ram, cpu, duration, bus, as_json):
 
     Example: gpuctl agent recommend --gpus 2 --for 4h --json
     """
-    from ..agent_context import recommend as place
+    from resourced.agents.context import recommend as place
 
     with client(bus) as c:
         result = place(c, duration, gpus=gpus, vram=vram, ram=ram, cpu=cpu)

@@ -8,8 +8,9 @@ and shown in local time; the daemon stores UTC.  With the simulated backend, *no
 
 import click
 
-from ..agent_context import iso_utc, with_times
-from ..bus.names import JSON_SCHEMA
+from resourced.agents.context import iso_utc, with_times
+from resourced.protocol.names import JSON_SCHEMA
+
 from ._options import (
     CommandAfterDashes,
     Count,
@@ -37,8 +38,8 @@ class When(click.ParamType):
     name = "WHEN"
 
     def convert(self, value, param, ctx):
-        from ..booking_calls import instant
-        from ..errors import InvalidRequest
+        from resourced.client.bookings import instant
+        from resourced.errors import InvalidRequest
 
         if isinstance(value, int):
             return value
@@ -139,7 +140,7 @@ def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_nam
 
     Example: gpuctl book --gpus 1 --for 2h --at 20:00 --ram 4G -- python train.py
     """
-    from ..booking_calls import now_usec
+    from resourced.client.bookings import now_usec
 
     refuse_stray_words(command, "gpuctl book ... -- COMMAND [ARGS]...", dashes_needed=True)
     request = _request(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label,
@@ -177,10 +178,18 @@ def _keep_command(c, booking: dict, command: list[str]) -> dict:
     pending, and warn when no runner is there to start it; the booking's record then."""
     import os
 
-    from ..booking_calls import now_usec
-    from ..errors import ResourcedError
-    from ..jobs import JobError, create, ensure_dir, jobs_dir, load, new_job, runner_is_running
-    from ._errors import GpuctlError
+    from resourced.client.bookings import now_usec
+    from resourced.errors import ResourcedError
+    from resourced.exits import GpuctlError
+    from resourced.runner.jobs import (
+        JobError,
+        create,
+        ensure_dir,
+        jobs_dir,
+        load,
+        new_job,
+        runner_is_running,
+    )
 
     ref = booking["id"]
     directory = jobs_dir()
@@ -505,8 +514,8 @@ def timeline(hours, width, bus, as_json):
     """
     import shutil
 
-    from ..booking_calls import local_now, now_usec
-    from .timeline_view import render_timeline
+    from resourced.client.bookings import local_now, now_usec
+    from resourced.tui.timeline import render_timeline
 
     now = now_usec()
     end = now + int(hours * 3600e6)
@@ -546,13 +555,13 @@ def _show_one(booking: dict, as_json: bool, dry_run: bool = False) -> None:
 
 
 def _when(usec: int) -> str:
-    from ..booking_calls import local_text
+    from resourced.client.bookings import local_text
 
     return local_text(usec)
 
 
 def _wants(b: dict) -> str:
-    from ..amounts import format_bytes
+    from resourced.protocol.amounts import format_bytes
 
     parts = [f"{b['gpus']} GPU(s)"] if b["gpus"] else []
     if b["vram_bytes"]:

@@ -8,7 +8,8 @@ import time
 
 import click
 
-from ..bus.names import JSON_SCHEMA
+from resourced.protocol.names import JSON_SCHEMA
+
 from ._options import (
     CommandAfterDashes,
     Count,
@@ -221,8 +222,8 @@ def _forward_reclaim_requests(bus: str, ref: str, pid: int, signum: int) -> None
     from jeepney.io.blocking import open_dbus_connection
     from jeepney.low_level import HeaderFields
 
-    from ..bus.names import BUS_NAME, CLAIM_IFACE, claim_path
-    from ..client import bus_address
+    from resourced.client.sync import bus_address
+    from resourced.protocol.names import BUS_NAME, CLAIM_IFACE, claim_path
 
     fields = dict(type="signal", interface=CLAIM_IFACE, path=claim_path(ref))
     conn = open_dbus_connection(bus_address(bus))
@@ -259,9 +260,9 @@ def _stop_at_end(bus: str, ref: str, pid: int) -> None:
     import signal
     import threading
 
-    from ..booking_calls import now_usec
-    from ..client import Client
-    from ..errors import ResourcedError
+    from resourced.client.bookings import now_usec
+    from resourced.client.sync import Client
+    from resourced.errors import ResourcedError
 
     def watch():
         with contextlib.suppress(OSError, ResourcedError), Client(bus=bus) as c:
@@ -302,7 +303,7 @@ def _release_after_run(c, ref: str) -> None:
     The daemon releases by itself when the command's processes are gone; releasing here
     too means the GPUs are free the moment gpuctl returns, so a next run finds them.
     """
-    from ..errors import NoSuchClaim, StillInUse
+    from resourced.errors import NoSuchClaim, StillInUse
 
     try:
         wait = float(os.environ.get("RESOURCED_RELEASE_WAIT", "10"))
@@ -371,7 +372,7 @@ def _say_dry_run(result: dict, then: str = "") -> None:
                                                            held["pools"].items()]
         said = f"would be granted {', '.join(where) or 'nothing'}"
         if held["until_usec"]:
-            from ..core.clock import utc_text
+            from resourced.core.clock import utc_text
 
             said += f" until {utc_text(held['until_usec'])}"
     click.echo(f"gpuctl: {said} (dry run: nothing claimed){'; ' + then if then else ''}",
@@ -442,7 +443,7 @@ def env(allocation, use_index, engine, bus, as_json):
 
     Example: docker run --rm $(gpuctl env --allocation "$RESOURCED_ALLOCATION" --docker) IMAGE
     """
-    from ..environment import container_options
+    from resourced.client.environment import container_options
 
     if engine and use_index:
         raise click.UsageError("--index does not apply to --docker or --podman: a container "

@@ -4,9 +4,10 @@ import os
 
 import click
 
-from ..bus.names import JSON_SCHEMA
-from ..config import ConfigError, find_config, load_config
-from ._errors import EXIT_USAGE, GpuctlError
+from resourced.config import ConfigError, find_config, load_config
+from resourced.exits import EXIT_USAGE, GpuctlError
+from resourced.protocol.names import JSON_SCHEMA
+
 from ._options import emit_json, json_option
 
 

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import click
 
-from ..bus.names import JSON_SCHEMA
+from resourced.protocol.names import JSON_SCHEMA, shared_bus_address
+
 from ._options import emit_json, json_option
 
 
@@ -27,10 +28,10 @@ def connect(directory, forget, no_check, as_json):
 
     Example: gpuctl connect /srv/gpu-lab/resourced
     """
-    from .. import shared_address
+    from resourced.client import discovery
 
     if forget:
-        path = Path(shared_address.client_file())
+        path = Path(discovery.client_file())
         path.unlink(missing_ok=True)
         _say(as_json, {"shared_dir": None, "file": str(path)},
              f"gpuctl no longer uses a shared bus by default ({path} removed)")
@@ -41,7 +42,7 @@ def connect(directory, forget, no_check, as_json):
     info = {"shared_dir": str(directory)}
     if not no_check:
         info.update(_check(directory))
-    path = shared_address.write_connection(directory)
+    path = discovery.write_connection(directory)
     info["file"] = str(path)
     host = f", hosted by {info['host']} ({info['gpus']} GPU(s))" if "host" in info else ""
     _say(as_json, info, f"gpuctl now uses the shared bus in {directory}{host}; written to "
@@ -52,19 +53,19 @@ def _check(directory: Path) -> dict:
     """Connect to the bus in ``directory`` as every later call will; who hosts it."""
     import pwd
 
-    from .. import shared_address
-    from ..client import Client
+    from resourced.client import discovery
+    from resourced.client.sync import Client
 
-    saved = os.environ.get(shared_address.ADDRESS_VARIABLE)
-    os.environ[shared_address.ADDRESS_VARIABLE] = shared_address.address_of(directory)
+    saved = os.environ.get(discovery.ADDRESS_VARIABLE)
+    os.environ[discovery.ADDRESS_VARIABLE] = shared_bus_address(directory)
     try:
         with Client(bus="shared") as c:
             gpus = len(c.status()["gpus"])
     finally:
         if saved is None:
-            del os.environ[shared_address.ADDRESS_VARIABLE]
+            del os.environ[discovery.ADDRESS_VARIABLE]
         else:
-            os.environ[shared_address.ADDRESS_VARIABLE] = saved
+            os.environ[discovery.ADDRESS_VARIABLE] = saved
     uid = directory.stat().st_uid
     try:
         host = pwd.getpwuid(uid).pw_name

@@ -19,7 +19,7 @@ import time
 
 import click
 
-from ._errors import EXIT_NOT_ENOUGH_GPUS, GpuctlError
+from resourced.exits import EXIT_NOT_ENOUGH_GPUS, GpuctlError
 
 JOB_SECONDS = 2.0
 GPUCTL = (sys.executable, "-m", "resourced.cli")
@@ -27,7 +27,7 @@ GPUCTL = (sys.executable, "-m", "resourced.cli")
 
 class _Demo:
     def __init__(self, gpus: int):
-        from ..privatebus import PrivateBus
+        from resourced.linux.privatebus import PrivateBus
 
         self.bus = PrivateBus().start()
         self.runtime_dir = tempfile.mkdtemp(prefix="resourced-demo-")

@@ -2,8 +2,9 @@
 
 import click
 
-from ..bus.names import JSON_SCHEMA
-from ._errors import EXIT_CHECK_FAILED
+from resourced.exits import EXIT_CHECK_FAILED
+from resourced.protocol.names import JSON_SCHEMA
+
 from ._options import bus_option, client, echo_table, emit_json, json_option
 
 SHOWN = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skipped": "skipped"}
@@ -30,8 +31,8 @@ def doctor(bus, probe, strict, as_json):
 
     Example: gpuctl doctor --probe
     """
-    from ..core.diagnosis import passed
-    from ..doctor import run
+    from resourced.client.doctor import run
+    from resourced.core.diagnosis import passed
 
     checks = run(bus, probe)
     ok = passed(checks, strict)

@@ -49,9 +49,9 @@ def init(system, output, force, as_json):
 
     Example: gpuctl init --system
     """
-    from ..backends import BackendError, select_backend
-    from ..bus.names import JSON_SCHEMA
-    from ._errors import GpuctlError
+    from resourced.backends import BackendError, select_backend
+    from resourced.exits import GpuctlError
+    from resourced.protocol.names import JSON_SCHEMA
 
     if as_json and str(output) == "-":
         raise click.UsageError("-o - prints the TOML itself; --json reports a file written")

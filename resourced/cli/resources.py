@@ -4,15 +4,16 @@ import os
 
 import click
 
-from ..bus.names import JSON_SCHEMA
-from ._errors import EXIT_USAGE, GpuctlError
+from resourced.exits import EXIT_USAGE, GpuctlError
+from resourced.protocol.names import JSON_SCHEMA
+
 from ._options import bus_option, echo_table, emit_json, json_option
 
 COLUMNS = ("CHECK", "TYPE", "PATH", "LEVEL", "FREE", "TOTAL", "USED%", "LIMITS", "REASON")
 
 
 def _bytes(n: int | None) -> str:
-    from ..amounts import format_bytes
+    from resourced.protocol.amounts import format_bytes
 
     return "-" if n is None else format_bytes(n)
 
@@ -42,8 +43,8 @@ def measure_locally(config_file: str | None) -> tuple[dict, str]:
     """One round of every check of the config the daemon would read; (health, where from)."""
     import asyncio
 
-    from ..config import ConfigError, find_config, load_config
-    from ..health_monitor import HealthMonitor
+    from resourced.config import ConfigError, find_config, load_config
+    from resourced.daemon.health_monitor import HealthMonitor
 
     try:
         path = find_config(config_file, os.environ)
@@ -82,7 +83,8 @@ def resources(bus, as_json, config_file):
 
     Example: gpuctl resources --json | jq -r .level
     """
-    from ..errors import DaemonUnreachable
+    from resourced.errors import DaemonUnreachable
+
     from ._options import client
 
     try:

@@ -1,6 +1,6 @@
 """gpuctl service enable/disable: install or remove the systemd unit and the bus files.
 
-``resourced.install`` decides what to write and run; this module does it, or prints it
+``resourced.linux.install`` decides what to write and run; this module does it, or prints it
 (``--dry-run``). Files are written atomically, then the commands run in order, stopping at
 the first failure. Where systemd is not running (a container, a chroot), the files are
 still written or removed but no command runs, and gpuctl exits with EXIT_NO_SYSTEMD so
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import click
 
-from .. import install
-from ._errors import EXIT_FAILURE, EXIT_NO_SYSTEMD, EXIT_USAGE, GpuctlError
+from resourced.exits import EXIT_FAILURE, EXIT_NO_SYSTEMD, EXIT_USAGE, GpuctlError
+from resourced.linux import install
 
 # 9 is gpuctl's "still in use"; this belongs in _errors.py and the README's table.
 # sd_booted(): this directory exists exactly when systemd is the running init.
@@ -126,7 +126,7 @@ def disable(user, system, dry_run, root, shared):
 def _check_config(path: str | None, mode: str, dry_run: bool) -> None:
     """The unit names this config file: it must be there and valid before anything is
     started, or the service fails at once and restarts in a loop."""
-    from ..config import ConfigError, find_config, load_config
+    from resourced.config import ConfigError, find_config, load_config
 
     if path is None:
         return  # the user service without --config: the daemon's own lookup, defaults at worst
@@ -143,7 +143,7 @@ def _check_config(path: str | None, mode: str, dry_run: bool) -> None:
 
 def _access_group(config_path: str) -> str:
     """The access group the daemon's config names (the default when there is no file)."""
-    from ..config import ConfigError, load_config
+    from resourced.config import ConfigError, load_config
 
     path = Path(config_path)
     try:

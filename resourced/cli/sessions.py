@@ -7,7 +7,8 @@ session of the owner process (``sid:N``: one terminal, one agent).
 
 import click
 
-from ..bus.names import JSON_SCHEMA
+from resourced.protocol.names import JSON_SCHEMA
+
 from ._options import bus_option, client, dry_run_option, echo_table, emit_json, json_option
 from .status import table
 

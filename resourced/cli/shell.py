@@ -3,7 +3,7 @@
 ``eval "$(gpuctl shell init bash)"`` (or zsh) defines ``gpuctl_refresh`` and a prompt hook.
 The hook asks the daemon nothing while what it last heard is still valid: each prompt
 compares ``$EPOCHSECONDS`` with ``_GPUCTL_VALID_UNTIL`` and reads the per-user stamp
-(``resourced.shell_stamp``) with the ``read`` builtin, no process started.  Only when the
+(``resourced.linux.shell_stamp``) with the ``read`` builtin, no process started.  Only when the
 validity has passed or the stamp changed (this user's gpuctl changed something) does it run
 ``gpuctl shell env`` and evaluate what that prints.
 
@@ -37,7 +37,8 @@ import time
 
 import click
 
-from ..bus.names import JSON_SCHEMA
+from resourced.protocol.names import JSON_SCHEMA
+
 from ._options import bus_option, emit_json, json_option
 
 MANAGED = (
@@ -79,7 +80,7 @@ def choose(claims: list[dict], uid: int) -> dict | None:
 def claim_variables(claim: dict, gpus: list[dict], use_index: bool) -> dict[str, str]:
     """The claim's environment, exactly as ``gpuctl env`` prints it, from a Describe
     record (the GPUs' memory from Describe's GPU list)."""
-    from ..environment import claim_env
+    from resourced.client.environment import claim_env
 
     memory = {g["uuid"]: g["memory_bytes"] for g in gpus}
     allocation = {
@@ -210,7 +211,7 @@ def init(kind, use_index, bus):
 
     Example: eval "$(gpuctl shell init bash)"
     """
-    from ..shell_stamp import stamp_path
+    from resourced.linux.shell_stamp import stamp_path
 
     templates = {"bash": BASH, "zsh": ZSH}
     if kind not in templates:
@@ -240,8 +241,8 @@ def env_(use_index, bus, as_json):
 
     Example: gpuctl shell env --json
     """
-    from ..booking_calls import now_usec
-    from ..client import Client
+    from resourced.client.bookings import now_usec
+    from resourced.client.sync import Client
 
     with Client(bus=bus, timeout=SHELL_TIMEOUT) as c:
         view = c.status()

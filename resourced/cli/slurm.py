@@ -28,7 +28,7 @@ def config(bus, as_json):
     """
     import socket
 
-    from ..slurm_export import export, render
+    from resourced.slurm.export import export, render
 
     with client(bus) as c:
         view = c.status()
@@ -56,7 +56,7 @@ _HOOK_HELP = """
                "labelled \"slurm JOBID USER NAME\"), ended by the epilog or when the job's "
                "processes are gone." + _HOOK_HELP.format(what="prolog"))
 def prolog():
-    from ..slurm_hooks import run
+    from resourced.slurm.hooks import run
 
     return run("prolog")
 
@@ -64,6 +64,6 @@ def prolog():
 @slurm.command(short_help="Slurm's Epilog=: end a job's claim.",
                help="End a Slurm job's claim on this machine." + _HOOK_HELP.format(what="epilog"))
 def epilog():
-    from ..slurm_hooks import run
+    from resourced.slurm.hooks import run
 
     return run("epilog")

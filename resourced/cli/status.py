@@ -5,7 +5,8 @@ import time
 
 import click
 
-from ..bus.names import JSON_SCHEMA
+from resourced.protocol.names import JSON_SCHEMA
+
 from ._options import bus_option, client, echo_table, emit_json, json_option
 
 MAX_HOLDERS = 5
@@ -59,7 +60,7 @@ def render_status(data: dict, now: float) -> str:
                      "(gpuctl verify names them)")
     if data.get("backend_note"):
         lines.append(f"note: {data['backend_note']}")
-    from ..booking_calls import local_text
+    from resourced.client.bookings import local_text
 
     ending = [c for c in data["claims"] if c.get("until_usec") and c["state"] == "granted"]
     for c in sorted(ending, key=lambda c: c["until_usec"]):
@@ -97,7 +98,7 @@ def table(rows) -> list[str]:
 
 
 def _bytes(n: int) -> str:
-    from ..amounts import format_bytes
+    from resourced.protocol.amounts import format_bytes
 
     return format_bytes(n)
 
@@ -135,7 +136,7 @@ def status(bus, as_json):
 
     Example: gpuctl status --json
     """
-    from ..booking_calls import now_usec
+    from resourced.client.bookings import now_usec
 
     with client(bus) as c:
         text = c.status_json()
@@ -214,7 +215,7 @@ def verify(bus, as_json):
 
     Example: gpuctl verify --json
     """
-    from ..core.verify import PROBLEMS
+    from resourced.core.verify import PROBLEMS
 
     with client(bus) as c:
         reports = c.verify()

@@ -4,7 +4,8 @@ import sys
 
 import click
 
-from ._errors import EXIT_USAGE, GpuctlError
+from resourced.exits import EXIT_USAGE, GpuctlError
+
 from ._options import Duration, bus_option
 
 INSTALL_HINT = "pip install 'resourced[tui]'"
@@ -47,11 +48,11 @@ def top(hours, length, bus):
         raise GpuctlError("gpuctl top needs a terminal (for text: gpuctl timeline)", EXIT_USAGE)
     if not length > 0:
         raise click.BadParameter("must be more than 0", param_hint="--length")
-    from ..client import Client
+    from resourced.client.sync import Client
 
     with Client(bus=bus, interactive=False) as c:  # unreachable: exit 5 before the screen
         c.ping()
         bus = c.bus
-    from ..tui.app import TopApp
+    from resourced.tui.app import TopApp
 
     TopApp(bus=bus, hours=hours, length=length).run()

@@ -55,7 +55,7 @@ def _h(hours: float) -> str:
 
 def _load(row: dict) -> tuple[str, str]:
     """A GPU's mean utilisation (%) and memory in use; - where nothing was sampled."""
-    from ..amounts import format_bytes
+    from resourced.protocol.amounts import format_bytes
 
     util, memory = row.get("mean_utilization_pct"), row.get("mean_memory_used_bytes")
     return ("-" if util is None else f"{util:g}", "-" if memory is None else format_bytes(memory))

@@ -25,7 +25,7 @@ import json
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
 
-from ..errors import (
+from resourced.errors import (
     InvalidRequest,
     LimitExceeded,
     NoSuchClaim,
@@ -33,6 +33,7 @@ from ..errors import (
     NotEnoughCapacity,
     quoted,
 )
+
 from .claims import Demand, check_text
 from .clock import LAST_INSTANT, Deadlines, utc_text
 from .pools import format_amount

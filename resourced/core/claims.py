@@ -4,7 +4,7 @@ import functools
 import sys
 from dataclasses import dataclass, field
 
-from ..errors import InvalidRequest, quoted
+from resourced.errors import InvalidRequest, quoted
 
 MODES = ("run", "dev")
 """run: bound to its processes, released when they are gone; dev: kept until released."""

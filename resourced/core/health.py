@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from ..amounts import format_bytes
+from resourced.protocol.amounts import format_bytes
 
 
 @dataclass(frozen=True)

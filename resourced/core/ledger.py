@@ -43,7 +43,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 
-from ..errors import (
+from resourced.errors import (
     GPUsBusy,
     InvalidRequest,
     NoSuchClaim,
@@ -53,6 +53,7 @@ from ..errors import (
     ResourcedError,
     quoted,
 )
+
 from .claims import (
     BOOKING,
     BOOKING_PRIORITY,

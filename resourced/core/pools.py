@@ -20,6 +20,6 @@ def format_amount(amount: int, unit: str) -> str:
     """``32G`` for bytes, ``8`` for counts."""
     if unit != BYTES:
         return str(amount)
-    from ..amounts import format_bytes
+    from resourced.protocol.amounts import format_bytes
 
     return format_bytes(amount)

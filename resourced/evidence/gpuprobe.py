@@ -10,8 +10,8 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from ..backends import Backend, BackendError, GpuProcess
-from ..threads import OneThread
+from resourced.backends import Backend, BackendError, GpuProcess
+from resourced.linux.threads import OneThread
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ nothing is guessed: a missing path is an error, not an empty disk.
 
 import os
 
-from ..core.health import CheckEntry, Measurement
+from resourced.core.health import CheckEntry, Measurement
 
 __all__ = ["measure", "measure_disk", "measure_ram"]
 
@@ -62,7 +62,7 @@ def measure(check: CheckEntry) -> Measurement:
 def host_pools(configured) -> tuple:
     """The pools: ``cpu`` (cores) and ``ram`` (bytes) sized from this machine, then the
     config's ``[[pool]]`` entries (one named cpu or ram sets that pool's capacity)."""
-    from ..core.pools import HOST_POOLS, Pool
+    from resourced.core.pools import HOST_POOLS, Pool
 
     pools = {
         "cpu": Pool("cpu", os.cpu_count() or 1, HOST_POOLS["cpu"]),

@@ -17,7 +17,8 @@ import os
 import select
 from collections.abc import Callable, Hashable
 
-from ..core.claims import ProcessRef
+from resourced.core.claims import ProcessRef
+
 from .processes import is_alive, open_pidfd
 
 IDLE_KEPT = 32

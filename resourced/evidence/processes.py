@@ -4,7 +4,7 @@ import errno
 import functools
 import os
 
-from ..core.claims import ProcessRef
+from resourced.core.claims import ProcessRef
 
 PROC = "/proc"
 GONE = (errno.ESRCH, errno.EINVAL)

@@ -3,7 +3,8 @@
 import os
 import pwd
 
-from ..core.attribution import ProcInfo
+from resourced.core.attribution import ProcInfo
+
 from .processes import PROC
 
 

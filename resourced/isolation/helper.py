@@ -25,8 +25,8 @@ import sys
 from dbus_fast import BusType, DBusError, Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
 
-from ..bus.names import BUS_DRIVER
-from ..install import ACCOUNT
+from resourced.linux.install import ACCOUNT
+from resourced.protocol.names import BUS_DRIVER
 
 log = logging.getLogger("resourced-isolation")
 

@@ -11,7 +11,8 @@ import logging
 
 from dbus_fast import Message, MessageType
 
-from ..errors import Internal
+from resourced.errors import Internal
+
 from .helper import BUS_NAME, INTERFACE, PATH, SCOPE_PREFIX, SYSTEMD
 
 log = logging.getLogger("resourced")

@@ -27,10 +27,11 @@ from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
 
-from ..booking_calls import local_now, local_text, now_usec
-from ..client import SharedClient
-from ..errors import NotEnoughCapacity, ResourcedError
-from ..when import format_span
+from resourced.client.bookings import local_now, local_text, now_usec
+from resourced.client.sync import SharedClient
+from resourced.errors import NotEnoughCapacity, ResourcedError
+from resourced.protocol.when import format_span
+
 from . import model
 from .feed import Feed
 
@@ -520,7 +521,7 @@ class TopScreen(Screen):
 def _queued(claim: dict | None, ref: str) -> str:
     if claim is None:
         return ref
-    from ..amounts import format_bytes
+    from resourced.protocol.amounts import format_bytes
 
     wants = [f"{claim['gpus_requested']} GPU(s)"] if claim.get("gpus_requested") else []
     if claim.get("vram_bytes"):
@@ -560,7 +561,7 @@ def details(entry: dict, labels: dict[str, str]) -> list[tuple[str, str]]:
         if r.get("until_booking"):
             rows.append(("until booking", r["until_booking"]))
     if r.get("vram_bytes"):
-        from ..amounts import format_bytes
+        from resourced.protocol.amounts import format_bytes
 
         rows.append(("VRAM", format_bytes(r["vram_bytes"])))
     if r.get("pools"):

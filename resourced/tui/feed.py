@@ -20,7 +20,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from ..bus.names import BUS_NAME, CLAIM_IFACE, MANAGER_IFACE, MANAGER_PATH, USER_IFACE
+from resourced.protocol.names import BUS_NAME, CLAIM_IFACE, MANAGER_IFACE, MANAGER_PATH, USER_IFACE
 
 DBUS = "org.freedesktop.DBus"
 INTERFACES = frozenset({MANAGER_IFACE, USER_IFACE, CLAIM_IFACE})
@@ -79,7 +79,7 @@ class Feed(threading.Thread):
         from jeepney.bus_messages import message_bus
         from jeepney.io.blocking import open_dbus_connection
 
-        from ..client import bus_address
+        from resourced.client.sync import bus_address
 
         conn = open_dbus_connection(bus_address(self.bus))
         try:

@@ -18,7 +18,7 @@ Standard library only.
 from dataclasses import dataclass
 from datetime import tzinfo
 
-from ..cli.timeline_view import (
+from .timeline import (
     FREE,
     LETTERS,
     MANY,

@@ -28,8 +28,8 @@ def run(env, *args) -> str:
 
 def test_context_lists_the_next_live_bookings_and_says_when_there_are_more(
         agent_env, monkeypatch):
-    from resourced import agent_context
-    from resourced.client import Client
+    from resourced.agents import context as agent_context
+    from resourced.client.sync import Client
 
     env, _ = agent_env
     for k, v in env.items():

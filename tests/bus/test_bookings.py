@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from resourced.client import AsyncClient, Client
+from resourced.client.sync import AsyncClient, Client
 from resourced.errors import InvalidRequest, NoSuchClaim, NotEnoughCapacity, ResourcedError
 
 from ..conftest import eventually

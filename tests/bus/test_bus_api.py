@@ -9,7 +9,7 @@ import pytest
 from dbus_fast import Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
 
-from resourced.client import AsyncClient, Client
+from resourced.client.sync import AsyncClient, Client
 from resourced.errors import InvalidRequest, NoSuchClaim, NotEnoughGPUs
 
 TIMEOUT = 10.0

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from resourced.client import Client
+from resourced.client.sync import Client
 
 from ..conftest import eventually, gpuctl
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from resourced.client import Client
+from resourced.client.sync import Client
 
 
 def complete(words: str) -> list[str]:

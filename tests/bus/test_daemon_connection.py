@@ -7,7 +7,7 @@ from dbus_fast import Message, MessageType
 from dbus_fast.aio import MessageBus
 from dbus_fast.service import ServiceInterface, method
 
-from resourced.bus.connection import DaemonBus
+from resourced.daemon.bus.connection import DaemonBus
 
 
 class Faulty(ServiceInterface):

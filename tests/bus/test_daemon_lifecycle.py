@@ -11,7 +11,7 @@ import pytest
 from jeepney import DBusAddress, new_method_call
 from jeepney.io.blocking import open_dbus_connection
 
-from resourced.client import Client
+from resourced.client.sync import Client
 
 from ..conftest import eventually, gpuctl
 

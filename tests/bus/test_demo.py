@@ -33,7 +33,7 @@ def test_a_step_that_fails_unexpectedly_fails_the_demo_and_names_it(tmp_path):
     must not give a demo that exits 0: the demo stops at the first such step, names it
     and the command, exits 1, and still cleans up."""
     (tmp_path / "sitecustomize.py").write_text(
-        "import resourced.bus.connection as connection\n"
+        "import resourced.daemon.bus.connection as connection\n"
         "def _start(coro):\n"
         "    coro.close()\n"
         "    raise AttributeError(\"'NoneType' object has no attribute 'is_running'\")\n"

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from resourced.client import Client
+from resourced.client.sync import Client
 from resourced.errors import InvalidRequest
 
 from ..conftest import gpuctl

@@ -23,7 +23,7 @@ from jeepney import DBusAddress, MatchRule, message_bus, new_method_call
 from jeepney.io.blocking import Proxy, open_dbus_connection
 
 from resourced.backends.simulated import simulated_uuid
-from resourced.client import Client
+from resourced.client.sync import Client
 
 from ..conftest import eventually, gpuctl
 

@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from resourced.client import Client
+from resourced.client.sync import Client
 
 from ..conftest import eventually, gpuctl
 from .conftest import CLOCK_TIMEOUT, NOW, at

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from resourced.client import Client
+from resourced.client.sync import Client
 
 from ..conftest import eventually, gpuctl
 
@@ -17,7 +17,7 @@ from ..conftest import eventually, gpuctl
 # record of the claim named by RESOURCED_ALLOCATION (asked over the bus from inside).
 PROBE = """
 import json, os
-from resourced.client import Client
+from resourced.client.sync import Client
 with Client() as c:
     claims = {x["id"]: x for x in c.status()["claims"]}
 print(json.dumps({

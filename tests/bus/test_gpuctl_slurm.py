@@ -3,7 +3,7 @@
 import json
 import socket
 
-from resourced.client import Client
+from resourced.client.sync import Client
 
 from ..conftest import gpuctl
 

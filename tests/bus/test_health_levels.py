@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from resourced.client import AsyncClient, Client
+from resourced.client.sync import AsyncClient, Client
 
 from ..conftest import eventually, gpuctl
 

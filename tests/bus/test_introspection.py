@@ -41,7 +41,7 @@ def test_live_introspection_matches_golden_file(start_daemon, tmp_path):
     config = tmp_path / "config.toml"
     config.write_text('[[check]]\nname = "ram"\ntype = "ram"\nwarn_free_pct = 10\n')
     daemon = start_daemon(args=["--config", str(config)])
-    from resourced.client import Client
+    from resourced.client.sync import Client
 
     with Client() as c:
         ref = c.claim(mode="dev", gpus=1, owner_pid=daemon.proc.pid)["allocation"]["ref"]

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from resourced.client import Client
+from resourced.client.sync import Client
 from resourced.errors import InvalidRequest
 
 from ..conftest import gpuctl

@@ -15,8 +15,8 @@ import anyio
 from mcp import ClientSession
 from mcp.client import stdio
 
-from resourced.client import Client
-from resourced.mcp_server import INSTRUCTIONS
+from resourced.client.sync import Client
+from resourced.agents.mcp import INSTRUCTIONS
 
 from ..conftest import eventually
 from .test_agent import CONTEXT_KEYS

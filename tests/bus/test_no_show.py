@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from resourced.client import Client
+from resourced.client.sync import Client
 
 from ..conftest import eventually, gpuctl
 from .conftest import CLOCK_TIMEOUT

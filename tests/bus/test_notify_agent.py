@@ -15,7 +15,7 @@ import pytest
 from dbus_fast.aio import MessageBus
 from dbus_fast.service import ServiceInterface, dbus_method, dbus_signal
 
-from resourced.privatebus import PrivateBus
+from resourced.linux.privatebus import PrivateBus
 
 from ..conftest import eventually, gpuctl, stop_process
 
@@ -360,7 +360,7 @@ def test_the_notification_server_restarts(buses, services, agents):
 
 def test_the_agent_exits_1_when_its_bus_is_gone(tmp_path):
     bus = PrivateBus().start()
-    code = ("import sys, resourced.cli.notify as n; n.KEEPALIVE_INTERVAL = 0.2; "
+    code = ("import sys, resourced.notify.service as n; n.KEEPALIVE_INTERVAL = 0.2; "
             "from resourced.cli import main; sys.exit(main(['notify', '--bus', 'session']))")
     log = tmp_path / "agent.log"
     with open(log, "w") as out:

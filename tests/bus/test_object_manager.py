@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from resourced.client import Client
+from resourced.client.sync import Client
 
 from ..conftest import stop_process
 

@@ -22,7 +22,7 @@ from jeepney.bus_messages import message_bus
 from jeepney.io.blocking import open_dbus_connection
 from jeepney.low_level import HeaderFields
 
-from resourced.client import AsyncClient, Client
+from resourced.client.sync import AsyncClient, Client
 from resourced.errors import NoSuchClaim, QueueTimeout
 
 from ..conftest import eventually, gpuctl
@@ -51,7 +51,7 @@ capacity = 8
 # grant: after acquire() returned, before release() was sent.
 WORKER = r"""
 import json, sys, time
-from resourced.client import Client
+from resourced.client.sync import Client
 hold, seconds = float(sys.argv[1]), float(sys.argv[2])
 spans = []
 with Client(timeout=10) as c:
@@ -71,7 +71,7 @@ print(json.dumps(spans), flush=True)
 # Takes SLOTS slots as a lease (waiting up to 10 s), prints the lease's reference, sleeps.
 HOLDER = r"""
 import sys, time
-from resourced.client import Client
+from resourced.client.sync import Client
 c = Client()
 lease = c.acquire(pools={"slots": int(sys.argv[1])}, priority=int(sys.argv[2]), timeout=10)
 print(lease.ref, flush=True)
@@ -769,7 +769,7 @@ MANAGER = DBusAddress("/org/resourced", bus_name=NAME, interface="org.resourced.
 # Waits for one slot with Client.acquire, catches the KeyboardInterrupt, says so, and lives on.
 INTERRUPTED_BUT_ALIVE = r"""
 import time
-from resourced.client import Client
+from resourced.client.sync import Client
 c = Client()
 try:
     c.acquire(pools={"slots": 1}, timeout=20)
@@ -958,7 +958,7 @@ def test_a_daemon_without_reply_when_granted_is_waited_on_the_older_way(start_da
     older = tmp_path / "older"
     older.mkdir()
     (older / "sitecustomize.py").write_text(
-        "import resourced.bus.manager as m\ndel m.CLAIM_OPTIONS['ReplyWhenGranted']\n")
+        "import resourced.daemon.bus.manager as m\ndel m.CLAIM_OPTIONS['ReplyWhenGranted']\n")
     config = tmp_path / "config.toml"
     config.write_text(CONFIG)
     start_daemon(gpus="3", args=["--config", str(config)], env={

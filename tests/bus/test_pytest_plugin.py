@@ -28,7 +28,7 @@ def test_plain():
 
 def test_marked_tests_run_on_one_session_claim_released_at_the_end(start_daemon, pytester):
     start_daemon(gpus=4)
-    from resourced.client import Client
+    from resourced.client.sync import Client
 
     pytester.makepyfile(TESTS)
     result = pytester.runpytest_subprocess("-s")
@@ -40,7 +40,7 @@ def test_marked_tests_run_on_one_session_claim_released_at_the_end(start_daemon,
 
 def test_without_room_marked_tests_are_skipped_with_the_reason(start_daemon, pytester):
     daemon = start_daemon(gpus=1)
-    from resourced.client import Client
+    from resourced.client.sync import Client
 
     with Client() as c:
         ref = c.claim(mode="dev", gpus=1, owner_pid=daemon.proc.pid)["allocation"]["ref"]
@@ -54,7 +54,7 @@ def test_without_room_marked_tests_are_skipped_with_the_reason(start_daemon, pyt
 def test_with_resourced_wait_marked_tests_wait_for_the_gpus_and_run(start_daemon, pytester,
                                                                       owner):
     start_daemon(gpus=2)
-    from resourced.client import Client
+    from resourced.client.sync import Client
 
     pytester.makepyfile(TESTS)
     with Client() as c:

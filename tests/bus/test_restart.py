@@ -6,15 +6,15 @@ import signal
 import subprocess
 import sys
 
-from resourced.client import Client
-from resourced.privatebus import PrivateBus
+from resourced.client.sync import Client
+from resourced.linux.privatebus import PrivateBus
 
 from ..conftest import eventually
 
 CLAIMER = r"""
 import sys
-from resourced.client import Client
-from resourced.privatebus import PrivateBus
+from resourced.client.sync import Client
+from resourced.linux.privatebus import PrivateBus
 from resourced.errors import ResourcedError
 owner, n = int(sys.argv[1]), int(sys.argv[2])
 with Client(bus="session", timeout=5) as c:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from resourced import jobs
+from resourced.runner import jobs
 
 from ..conftest import eventually
 from .conftest import at

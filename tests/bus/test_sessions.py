@@ -19,7 +19,7 @@ from jeepney.bus_messages import message_bus
 from jeepney.io.blocking import open_dbus_connection
 from jeepney.low_level import HeaderFields
 
-from resourced.client import Client
+from resourced.client.sync import Client
 from resourced.errors import NoSuchClaim
 
 from ..conftest import eventually, gpuctl

@@ -28,8 +28,8 @@ from resourced.cli.shell import (
     transition,
     valid_until,
 )
-from resourced.client import Client
-from resourced.shell_stamp import stamp_path, touch_stamp
+from resourced.client.sync import Client
+from resourced.linux.shell_stamp import stamp_path, touch_stamp
 
 from ..conftest import eventually, gpuctl
 

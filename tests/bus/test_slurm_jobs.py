@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from resourced.bus.names import CLAIM_IFACE
-from resourced.client import Client
+from resourced.protocol.names import CLAIM_IFACE
+from resourced.client.sync import Client
 from resourced.errors import InvalidRequest, NotEnoughGPUs
-from resourced.slurm_jobs import STEPD
+from resourced.daemon.engine.slurm_jobs import STEPD
 
 from ..conftest import eventually, gpuctl, stop_process
 

@@ -1,4 +1,4 @@
-from resourced.client import Client
+from resourced.client.sync import Client
 
 from ..conftest import gpuctl
 

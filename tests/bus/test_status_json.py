@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from resourced.client import Client
+from resourced.client.sync import Client
 
 from ..conftest import gpuctl
 

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from resourced.client import Client
+from resourced.client.sync import Client
 
 from ..conftest import eventually
 

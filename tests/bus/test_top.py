@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-from resourced.client import Client
+from resourced.client.sync import Client
 
 from ..conftest import eventually, gpuctl
 from .conftest import at
@@ -241,7 +241,7 @@ ENTRIES = [
 def test_at_now_the_layout_is_gpuctl_timelines():
     from datetime import UTC
 
-    from resourced.cli.timeline_view import render_timeline
+    from resourced.tui.timeline import render_timeline
     from resourced.tui.model import HOUR, layout
 
     now = at("2026-12-01T09:00:00Z")

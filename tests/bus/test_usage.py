@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from resourced.amounts import format_bytes
-from resourced.client import Client
+from resourced.protocol.amounts import format_bytes
+from resourced.client.sync import Client
 
 from ..conftest import eventually, gpuctl
 from .conftest import CLOCK_TIMEOUT

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import pytest
 
-from resourced.shared_bus import SYSTEM_BUS_DEFAULTS
+from resourced.daemon.shared_bus import SYSTEM_BUS_DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -316,7 +316,7 @@ class Namespace:
         host, which may have it installed (or have tests/system's account at this very
         moment). Removed inside only (the overlay): the files enable writes, the config,
         the state, the account and its group."""
-        from resourced import install
+        from resourced.linux import install
 
         paths = [str(p) for p in install.plan_disable(install.SYSTEM).remove]
         paths += ["/etc/resourced", DROPIN_DIR, "/var/lib/resourced",

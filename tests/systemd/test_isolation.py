@@ -196,7 +196,7 @@ def test_an_isolated_bookings_command_runs_confined(opt_in, service):
 
 CONFINE_PY = r"""
 import sys
-from resourced.client import Client
+from resourced.client.sync import Client
 from resourced.errors import ResourcedError
 try:
     with Client(bus="system") as c:

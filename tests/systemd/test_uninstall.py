@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from resourced import install
+from resourced.linux import install
 
 from .conftest import ACCOUNT_FILES, ENABLE_STAMP, SNAPSHOT_PATHS
 from .harness import CONFIG, UNIT

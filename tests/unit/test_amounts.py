@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from resourced.amounts import UNITS, format_bytes, parse_amount
+from resourced.protocol.amounts import UNITS, format_bytes, parse_amount
 
 K, M, G, T, P = (UNITS[u] for u in "KMGTP")
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from dbus_fast import MessageType, Variant
 
-from resourced.bus.polkit import (
+from resourced.daemon.bus.polkit import (
     ACTIONS,
     CLAIM,
     GROUP_ACTIONS,

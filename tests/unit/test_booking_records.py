@@ -2,8 +2,8 @@
 
 from dbus_fast import Variant
 
-from resourced.booking_calls import record, snake
-from resourced.bus.bookings import FIELDS, booking_fields, booking_record
+from resourced.client.bookings import record, snake
+from resourced.daemon.bus.bookings import FIELDS, booking_fields, booking_record
 from resourced.core.calendar import Booking, BookingRequest
 from resourced.core.claims import Demand
 from resourced.core.inventory import Gpu

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from resourced.calendar_store import LOG_NAME, SCHEMA, CalendarStore
+from resourced.daemon.store.calendar import LOG_NAME, SCHEMA, CalendarStore
 from resourced.core.calendar import Blackout, BookingRequest, Calendar, Limits, Notice
 from resourced.core.claims import Demand
 from resourced.core.timeline import Timeline
-from resourced.jsonlog import StoreError
+from resourced.daemon.store.jsonlog import StoreError
 
 H = 3600 * 1_000_000
 NOW = 1_800_000_000 * 1_000_000

@@ -4,7 +4,7 @@ slower handler (a new version that drops one is to be noticed here)."""
 
 import asyncio
 
-from resourced.bus.connection import DaemonBus, _start, eager_methods
+from resourced.daemon.bus.connection import DaemonBus, _start, eager_methods
 
 
 def test_the_installed_dbus_fast_lets_methods_start_at_once():

@@ -27,7 +27,7 @@ def test_every_core_module_is_probed():
     assert {"resourced.core.ledger", "resourced.core.health"} <= set(CORE)
 
 
-@pytest.mark.parametrize("module", [*CORE, "resourced.errors", "resourced.amounts"])
+@pytest.mark.parametrize("module", [*CORE, "resourced.errors", "resourced.protocol.amounts"])
 def test_core_imports_only_the_standard_library(module):
     done = subprocess.run([sys.executable, "-c", PROBE.format(module=module)],
                           capture_output=True, text=True, timeout=30, check=True)

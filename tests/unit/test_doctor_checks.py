@@ -5,9 +5,11 @@ import sys
 
 import pytest
 
-from resourced import __version__, doctor, install
+from resourced import __version__
+from resourced.client import doctor
+from resourced.linux import install
 from resourced.core.diagnosis import FAIL, OK, SKIPPED, WARN, check, passed
-from resourced.self_check import proc_visibility
+from resourced.daemon.self_check import proc_visibility
 
 VIEW = {"backend": "nvml", "gpus": [
     {"index": i, "alias": f"gpu{i}", "slurm": False} for i in range(4)]}

@@ -1,6 +1,6 @@
 """The environment of a claimed command."""
 
-from resourced.environment import claim_env
+from resourced.client.environment import claim_env
 
 ALLOCATION = {
     "ref": "c1a2b3c",
@@ -42,7 +42,7 @@ def test_every_value_is_a_string_and_the_allocation_is_untouched():
 
 
 def test_the_jax_fraction_is_exact_to_four_digits_and_never_above_the_share():
-    from resourced.environment import share_fraction
+    from resourced.client.environment import share_fraction
 
     g = 1 << 30
     assert share_fraction(int(1.5 * g), 80 * g) == "0.01875"  # not 0.01: half the share

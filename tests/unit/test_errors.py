@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from resourced import errors
-from resourced.cli._errors import EXIT_CODES, exit_code_for
+from resourced.exits import EXIT_CODES, exit_code_for
 from resourced.errors import (
     ALL_ERRORS, ERROR_PREFIX, UNREACHABLE_NAMES, AccessDenied, DaemonUnreachable, GPUsBusy,
     InteractionRequired,

@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from resourced import health_monitor
+from resourced.daemon import health_monitor
 from resourced.config import CheckEntry
 from resourced.core.health import (
     ERROR, NOT_MEASURED, OK, STOP, UNAVAILABLE, WARN, LevelChanged, Measurement,
 )
-from resourced.health_monitor import HealthMonitor
+from resourced.daemon.health_monitor import HealthMonitor
 
 GIB = 1024**3
 RAM = CheckEntry("ram", "ram", warn_free_pct=15, stop_free_pct=10)

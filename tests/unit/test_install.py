@@ -1,4 +1,4 @@
-"""resourced.install: the plan that `gpuctl service enable/disable` carries out."""
+"""resourced.linux.install: the plan that `gpuctl service enable/disable` carries out."""
 
 import shutil
 import sys
@@ -7,7 +7,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from resourced import install
+from resourced.linux import install
 
 from ..conftest import assert_systemd_accepts
 

@@ -1,4 +1,4 @@
-"""resourced.jobs: the job file, its states, the never-twice rule, the runner's decisions,
+"""resourced.runner.jobs: the job file, its states, the never-twice rule, the runner's decisions,
 the bounded log and the shim."""
 
 import fcntl
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from resourced import jobs
-from resourced.jobs import (
+from resourced.runner import jobs
+from resourced.runner.jobs import (
     CANCELLED,
     FAILED,
     MISSED,
@@ -361,7 +361,7 @@ def test_logs_follow_goes_on_across_turnovers_until_the_job_ends(directory):
 
 # -- the shim, and the runner's lock ---------------------------------------------------
 def shim(directory, spec: bytes | None, timeout=30):
-    return subprocess.run([sys.executable, "-m", "resourced.jobs", "shim", str(directory),
+    return subprocess.run([sys.executable, "-m", "resourced.runner.jobs", "shim", str(directory),
                            "b1x2y3z"], input=spec or b"", capture_output=True, timeout=timeout,
                           start_new_session=True, check=False)
 

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from resourced import jsonlog
-from resourced.jsonlog import JsonLog
+from resourced.daemon.store import jsonlog
+from resourced.daemon.store.jsonlog import JsonLog
 
 
 class Disk:

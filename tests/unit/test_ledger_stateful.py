@@ -41,7 +41,7 @@ from resourced.errors import (
     NotEnoughCapacity,
     NotEnoughGPUs,
 )
-from resourced.store import claim_from_record, claim_to_record
+from resourced.daemon.store.claims import claim_from_record, claim_to_record
 
 POOLS = ("cpu", "ram")
 RECLAIM_EVENTS = (ReclaimAsked, ReclaimWithdrawn)

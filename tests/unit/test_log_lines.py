@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from resourced import sd
+from resourced.linux import sd
 
 
 class Stream:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from resourced.cli.notify import (
+from resourced.notify.service import (
     BOOKINGS,
     OPENS_KEPT,
     RESOURCES,
@@ -168,7 +168,7 @@ def test_systemd_accepts_the_agents_user_unit(tmp_path):
 
 
 def test_calendar_messages_say_what_happened_to_a_booking_in_words():
-    from resourced.cli.notify import calendar_message
+    from resourced.notify.service import calendar_message
 
     record = {"Id": "b1", "GPUIndices": [0, 2], "EndedBy": -1, "Reason": ""}
     assert calendar_message("started", record, "today 22:00", 1000) == (

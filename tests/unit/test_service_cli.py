@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from resourced import install
+from resourced.linux import install
 from resourced.cli import main
 from resourced.cli import service as service_cli
 

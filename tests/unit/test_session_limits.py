@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
-import resourced.engine as engine_module
+import resourced.daemon.engine.engine as engine_module
 from resourced.core.calendar import ENDED, SCHEDULED
 from resourced.core.claims import (
     GRANTED,
@@ -27,7 +27,7 @@ from resourced.core.claims import (
 from resourced.core.inventory import Gpu
 from resourced.core.ledger import ClaimReleased, Ledger, StopAsked
 from resourced.core.pools import Pool
-from resourced.engine import Caller
+from resourced.daemon.engine.engine import Caller
 from resourced.errors import (
     InvalidRequest,
     LimitExceeded,
@@ -36,7 +36,7 @@ from resourced.errors import (
     NotEnoughCapacity,
     NotEnoughGPUs,
 )
-from resourced.store import claim_from_record, claim_to_record
+from resourced.daemon.store.claims import claim_from_record, claim_to_record
 
 from .test_calendar import ALICE, BOB, GPUS, NOW, H, ask, calendar
 from .test_engine import USER, engine_on, run
@@ -525,7 +525,7 @@ def test_a_cancelled_or_ended_booking_frees_its_hours():
 
 
 def test_a_reloaded_calendar_counts_the_same_hours():
-    from resourced.calendar_store import booking_from_record, booking_to_record
+    from resourced.daemon.store.calendar import booking_from_record, booking_to_record
 
     cal = calendar(gpu_hours_per_session=3)
     book(cal, ask(gpus=2, hours=1, at=0), "a1", session="a")

@@ -1,4 +1,4 @@
-"""How a client finds a shared bus and decides to trust it (resourced.shared_address), and
+"""How a client finds a shared bus and decides to trust it (resourced.client.discovery), and
 the daemon's --shared options."""
 
 import os
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from resourced import shared_address
-from resourced.daemon import parse_args
+from resourced.client import discovery as shared_address
+from resourced.daemon.main import parse_args
 from resourced.errors import AccessDenied, DaemonUnreachable
 
 

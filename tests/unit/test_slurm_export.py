@@ -2,7 +2,7 @@
 
 import pytest
 
-from resourced.slurm_export import export, gpu_type, render
+from resourced.slurm.export import export, gpu_type, render
 
 GIB = 1024 ** 3
 POOLS = [{"name": "cpu", "unit": "count", "capacity": 32, "free": 32},

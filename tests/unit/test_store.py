@@ -18,8 +18,8 @@ from resourced.core.ledger import (
     ReclaimAsked,
     ReclaimWithdrawn,
 )
-from resourced.jsonlog import StoreError
-from resourced.store import (
+from resourced.daemon.store.jsonlog import StoreError
+from resourced.daemon.store.claims import (
     FORMAT,
     ClaimStore,
     claim_from_record,

@@ -2,7 +2,7 @@
 
 import asyncio
 
-from resourced.bus.throttle import Throttle
+from resourced.daemon.bus.throttle import Throttle
 
 
 class Clock:

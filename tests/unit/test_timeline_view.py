@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from resourced.cli.timeline_view import LETTERS, render_timeline
+from resourced.tui.timeline import LETTERS, render_timeline
 
 S = 1_000_000  # a second, in microseconds
 M = 60 * S

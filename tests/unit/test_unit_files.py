@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from resourced import install
+from resourced.linux import install
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "dbus" / "org.resourced.conf"

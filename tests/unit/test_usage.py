@@ -5,7 +5,7 @@ import pytest
 
 from resourced.backends import GpuLoad
 from resourced.core.usage import Hold, bucket, report
-from resourced.usage_store import UsageStore
+from resourced.daemon.store.usage import UsageStore
 
 H = 3600 * 1_000_000
 DAY = 24 * H

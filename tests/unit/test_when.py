@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from resourced.cli._options import Duration
-from resourced.when import (
+from resourced.protocol.when import (
     EPOCH,
     format_span,
     format_when,
@@ -350,7 +350,7 @@ def test_moment_and_usec_round_trip(when):
 def test_a_day_word_alone_is_its_start_and_yesterday_reads_back():
     from datetime import UTC, datetime, timedelta
 
-    from resourced.when import format_when, parse_when
+    from resourced.protocol.when import format_when, parse_when
 
     now = datetime(2026, 12, 1, 15, 30, tzinfo=UTC)
     assert parse_when("yesterday", now) == datetime(2026, 11, 30, tzinfo=UTC)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from jeepney import DBusAddress, new_method_call, new_method_return, new_signal
 from jeepney.low_level import Endianness, Header, HeaderFields, Message, Parser
 
-from resourced import wire
+from resourced.client import wire
 
 FIXED = {
     "y": st.integers(0, 255), "b": st.booleans(), "n": st.integers(-(2**15), 2**15 - 1),

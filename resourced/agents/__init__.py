@@ -1,0 +1,1 @@
+"""Coding agents as callers: the context they read first, and the MCP server."""

@@ -1,0 +1,222 @@
+"""What a coding agent asks of the daemon, gathered once for ``gpuctl agent`` and for the MCP
+server (``resourced-mcp``): the one-call context, a read-only placement, my claims and
+bookings, and what I hold and have booked ahead, summed.
+
+Each function takes an open ``resourced.client.sync.Client`` and returns plain JSON-ready data;
+none of them changes anything.  Imports are made where they are used, so that loading this
+module costs the CLI nothing it does not use.
+"""
+
+import functools
+import os
+import time
+
+SCHEMA = 2
+"""The version of ``agent context --json``: keys are added, never changed, within one.
+2: ``next`` has the fixed keys ``one_gpu`` and ``all_gpus`` (1 named them by shape)."""
+
+CLAIM_KEYS = ("id", "mode", "state", "gpus", "gpu_indices", "vram_bytes", "pools", "until_usec",
+              "until_booking", "task_name", "label", "session")
+"""What the context says of each of my claims."""
+
+QUEUE_KEYS = ("id", "user", "priority", "gpus_requested", "vram_bytes", "pools")
+
+CONTEXT_BOOKINGS = 100
+"""The live bookings the context lists, the next by start; ``holding.more_bookings`` says
+when there are more (``gpuctl bookings --json`` and the MCP ``list`` tool give them all):
+an agent reads a context, not a calendar of thousands."""
+
+USEC_PER_HOUR = 3600 * 1_000_000
+
+NEXT_FOR = 3600
+"""Seconds: the context's ``next`` places are for an hour."""
+
+HISTORY = 7 * 86400
+"""Seconds: ``usage`` gives the history of this last week (``gpuctl usage``'s default)."""
+
+HISTORY_KEYS = ("claims", "bookings", "held_gpu_hours", "used_gpu_hours", "idle_gpu_hours",
+                "booked_gpu_hours", "booked_idle_gpu_hours")
+"""What ``usage`` says of my history (a row of ``gpuctl usage --json``; 0 for none)."""
+
+
+def iso_utc(usec: int) -> str:
+    """ISO 8601 in UTC, to the second, as ``gpuctl ... --json`` prints times
+    (time.strftime: 10 times datetime's speed, which shows with thousands of records)."""
+    return _iso_second(usec // 1_000_000)
+
+
+@functools.lru_cache(maxsize=4096)
+def _iso_second(second: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second))
+
+
+def with_times(item: dict) -> dict:
+    """JSON: the record, plus its ``start`` and ``end`` as ISO 8601 (UTC), for people and
+    scripts (here, not in gpuctl's calendar commands, so that the agent's path does not
+    load them; memoized: a calendar's times repeat, whole hours)."""
+    out = dict(item)
+    for key in ("start", "end"):
+        if f"{key}_usec" in item:
+            out[key] = iso_utc(item[f"{key}_usec"])
+    return out
+
+
+def context(c) -> dict:
+    """``gpuctl agent context --json``: me, what I hold, what is free, the next places for
+    one and for all GPUs, the queue, health, notices, limits and the commands to use."""
+    from resourced.client.bookings import now_usec
+
+    state = c.status()
+    now = now_usec()
+    mine = [b for b in c.bookings(since=now / 1e6, limit=CONTEXT_BOOKINGS + 1)
+            if b["state"] != "ended"]
+    gpus = len(state["gpus"])
+    upcoming = {n: next(iter(c.slots(NEXT_FOR, count=1, gpus=n)), None)
+                for n in {1, gpus} if 0 < n <= gpus}
+    uid = os.getuid()
+    claims = [k for k in state["claims"] if k["uid"] == uid]
+    free_gpus = [g["alias"] for g in state["gpus"] if g["state"] == "free"]
+    return {
+        "schema": SCHEMA,
+        "now": iso_utc(now),
+        "me": {"uid": uid, "user": user_name(uid), "pid": os.getpid(),
+               "parent_pid": os.getppid(), "session": my_session()},
+        "daemon": {"version": state["version"], "mode": state["mode"], "bus": c.bus,
+                   "backend": state["backend"]},
+        "holding": {
+            "claims": [{key: k[key] for key in CLAIM_KEYS} for k in claims],
+            "bookings": [with_times(b) for b in mine[:CONTEXT_BOOKINGS]],
+            "more_bookings": len(mine) > CONTEXT_BOOKINGS,
+        },
+        "free": {
+            "gpus": free_gpus,
+            "vram_bytes": {g["alias"]: g["memory_bytes"] - g["vram_used_bytes"]
+                           for g in state["gpus"] if g["state"] != "claimed"},
+            "pools": {p["name"]: p["free"] for p in state["pools"]},
+        },
+        "next": {name: next_place(n, upcoming.get(n))
+                 for name, n in (("one_gpu", 1), ("all_gpus", gpus))},
+        "queue": [{key: k[key] for key in QUEUE_KEYS}
+                  for ref in state["queue"] for k in state["claims"] if k["id"] == ref],
+        "health": {"level": state["health"]["level"],
+                   "checks": {k["name"]: k["level"] for k in state["health"]["checks"]}},
+        "notices": state.get("notices", []),
+        "limits": state.get("limits", {}),
+        "commands": {
+            "run": "gpuctl run --gpus 1 [--for 2h] [--wait] -- COMMAND",
+            "claim": f"gpuctl claim --gpus 1 --owner-pid {os.getppid()} --task-name WHAT",
+            "use_claim": "gpuctl run --allocation REF -- COMMAND",
+            "release": "gpuctl release --allocation REF",
+            "book": "gpuctl book --gpus 1 --for 1h --at WHEN --op-id ID",
+            "stop_my_session": f"gpuctl stop --session {my_session()}",
+            "instructions": "gpuctl agent instructions",
+        },
+    }
+
+
+def next_place(gpus: int, slot: dict | None) -> dict:
+    """One of the context's ``next`` places: ``gpus`` GPUs for ``duration_s``, at the
+    earliest ``start`` (it and the rest None where it fits nowhere within the booking
+    horizon)."""
+    where = with_times(slot) if slot else dict.fromkeys(
+        ("start", "end", "start_usec", "end_usec", "gpu_indices"))
+    return {"gpus": gpus, "duration_s": NEXT_FOR, **where}
+
+
+def my_session() -> str:
+    """The session a claim or booking made from here belongs to: ``$RESOURCED_SESSION``,
+    else this process's Unix session (the daemon's default, ``sid:N``)."""
+    return os.environ.get("RESOURCED_SESSION") or f"sid:{os.getsid(0)}"
+
+
+def user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def recommend(c, duration, gpus: int | None = None, vram=None, ram=None, cpu=None) -> dict:
+    """Where and when this would fit, nothing taken: ``{"fits": False, "reason"}``, or
+    ``{"fits": True, "now": True, "gpu_indices", "command"}`` (a ``gpuctl run`` to copy),
+    or ``{"fits": True, "now": False, "start", "gpu_indices", "command"}`` (a ``gpuctl
+    book``).  ``duration`` is seconds or text (``4h``); memory is bytes or text (``20G``);
+    nothing asked for is one whole GPU."""
+    import shlex
+
+    from resourced.client.bookings import now_usec, span
+    from resourced.client.sync import memory_and_counts
+    from resourced.core.clock import whole_second
+    from resourced.protocol.amounts import format_bytes
+    from resourced.protocol.when import format_span
+
+    seconds = span("duration", duration) / 1e6
+    vram, pools = memory_and_counts(vram, ram, cpu)
+    ask = {k: v for k, v in (("gpus", gpus), ("vram", vram), ("ram", pools.get("ram")),
+                             ("cpu", pools.get("cpu"))) if v is not None} or {"gpus": 1}
+    found = c.slots(seconds, count=1, **ask)
+    free = c.free()
+    amounts = [f"--{k} {format_bytes(v) if k in ('vram', 'ram') else v}" for k, v in ask.items()]
+    amounts.append(f"--for {format_span(seconds)}")
+    if not found:
+        return {"fits": False, "reason": "it fits nowhere within the booking horizon"}
+    if found[0]["start_usec"] <= whole_second(now_usec()) and (
+            not ask.get("gpus") or free >= ask["gpus"]):
+        return {"fits": True, "now": True, "gpu_indices": found[0]["gpu_indices"],
+                "command": f"gpuctl run {' '.join(amounts)} -- COMMAND"}
+    start = iso_utc(found[0]["start_usec"])
+    return {"fits": True, "now": False, "start": start, "gpu_indices": found[0]["gpu_indices"],
+            "command": f"gpuctl book {' '.join(amounts)} --at {shlex.quote(start)} --op-id ID"}
+
+
+def holdings(c) -> dict:
+    """My claims (every state, as ``status`` records them) and my bookings (scheduled,
+    active, and ended within the last day), with their times as ISO 8601."""
+    uid = os.getuid()
+    return {"claims": [k for k in c.status()["claims"] if k["uid"] == uid],
+            "bookings": [with_times(b) for b in c.bookings()]}
+
+
+def usage(c) -> dict:
+    """What I hold now and what I have booked ahead, summed (an active booking counts in
+    both: its claim is held now, and the rest of it is booked), and my ``history`` of the
+    last week from the daemon's usage history (as ``gpuctl usage --user ME``)."""
+    from resourced.client.bookings import now_usec
+
+    now = now_usec()
+    mine = holdings(c)
+    since = now - HISTORY * 1_000_000
+    past = next(iter(c.usage(since=since / 1e6, until=now / 1e6, uid=os.getuid())), {})
+    granted = [k for k in mine["claims"] if k["state"] == "granted"]
+    whole = [k for k in granted if not k["vram_bytes"]]
+    pools: dict[str, int] = {}
+    for k in granted:
+        for name, amount in k["pools"].items():
+            pools[name] = pools.get(name, 0) + amount
+    ahead = [b for b in mine["bookings"] if b["state"] in ("scheduled", "active")
+             and b["end_usec"] > now]
+    gpu_hours = sum(b["gpus"] * (b["end_usec"] - max(b["start_usec"], now)) for b in ahead)
+    vram_hours = sum(b["vram_bytes"] * (b["end_usec"] - max(b["start_usec"], now))
+                     for b in ahead)
+    return {
+        "now": iso_utc(now),
+        "holding": {
+            "claims": len(granted),
+            "waiting": sum(1 for k in mine["claims"] if k["state"] == "queued"),
+            "gpus": sum(len(k["gpus"]) for k in whole),
+            "vram_bytes": sum(k["vram_bytes"] for k in granted),
+            "pools": pools,
+        },
+        "booked_ahead": {
+            "bookings": len(ahead),
+            "active": sum(1 for b in ahead if b["state"] == "active"),
+            "gpu_hours": round(gpu_hours / USEC_PER_HOUR, 3),
+            "vram_gib_hours": round(vram_hours / USEC_PER_HOUR / 2**30, 3),
+            "next_start": min((b["start"] for b in ahead if b["start_usec"] > now),
+                              default=None),
+        },
+        "history": {"since": iso_utc(since), "until": iso_utc(now),
+                    **{key: past.get(key, 0) for key in HISTORY_KEYS}},
+    }

@@ -1,0 +1,405 @@
+"""resourced-mcp: resourced for coding agents over the Model Context Protocol (stdio).
+
+A thin adapter over the bus: each tool is one or two calls of the blocking
+``resourced.client.sync.Client``, made in a worker thread (never on the event loop), as the user
+who started the server; the daemon decides everything, as it does for ``gpuctl``.  Needs
+the optional extra ``resourced[mcp]`` (the official ``mcp`` SDK, version 2).
+
+Tools: ``context``, ``recommend``, ``list`` and ``usage`` read; ``claim``, ``book`` and
+``extend`` add; ``release`` and ``cancel`` take away.  Every write takes an
+``operation_id``: retried with the same id and the same arguments it answers the first
+result and does nothing twice.  Bookings keep their ids in the daemon; claims and releases
+(which the daemon has no ids for) keep them in this server, for its lifetime.  Errors
+come back as tool errors whose text starts with the error's code
+(``NotEnoughGPUs: ...``).  Resources: ``resourced://context`` and ``resourced://usage``;
+prompt: ``plan_gpu_work``.  No tool runs a command.
+
+    resourced-mcp [--bus session|system|shared]
+"""
+
+import json
+import os
+import sys
+
+from resourced.client.sync import SharedClient
+
+NAME = "resourced"
+MISSING_SDK = ("resourced-mcp: the MCP SDK (mcp 2.x) is not installed; install resourced[mcp]:"
+               " pip install 'resourced[mcp]'")
+
+INSTRUCTIONS = """\
+This machine's GPUs are shared through resourced: claim before you use a GPU, release as
+soon as you are done, and book ahead for later. Nothing stops a program that ignores it,
+so every other user relies on you following it.
+
+- Start with the `context` tool (or the resourced://context resource): what you hold,
+  what is free, when the next places are, the queue, health, notices and your limits.
+- Now: `claim` (gpus, vram, ram, cpu, duration such as "2h"). A claim belongs to an owner
+  process. By default that is this MCP server, and its claims are released when this
+  session ends (one whose processes still use its GPUs is then shown DEAD, and the daemon
+  releases it some minutes after they are gone, by its dead-owner rule). To keep a claim
+  beyond this session, pass your own long-lived pid as owner_pid: it stays until you
+  release it.
+- Later: `recommend` says where and when it fits (read-only); `book` reserves it;
+  `extend` and `cancel` change a booking.
+- Every write takes an operation_id, unique per intent. After a timeout or an unclear
+  answer, retry with the same id and the same arguments: you get the first answer, never a
+  second claim or booking. dry_run asks the daemon what would happen and changes nothing.
+- No tool here runs a command: you run your commands yourself, on what you claimed, e.g.
+  `gpuctl run --allocation REF -- python train.py`, or with the environment the claim
+  returned (CUDA_VISIBLE_DEVICES). Then `release` the claim.
+- Errors start with a code: InvalidArgs (fix the request, do not retry), NotEnoughGPUs or
+  NotEnoughCapacity (retry later, or book: the message names the nearest start),
+  GPUsBusy (the free GPUs run someone's unclaimed processes), LimitExceeded (a limit of
+  yours or your session's, named in the message: release something first), StillInUse
+  (stop your processes on the GPUs first, or force), NoSuchClaim (no such claim or
+  booking: it ended, or the ref is wrong), NotClaimOwner (it is someone else's: leave it),
+  InteractiveAuthorizationRequired (only an administrator may do that),
+  DaemonUnreachable (the daemon is not running).
+"""
+
+PLAN = """\
+Plan for running "{what}" on {gpus} GPU(s) for {duration} through resourced:
+
+1. Call the `context` tool. Note what you already hold (reuse it rather than claiming
+   more), what is free now, `next` (when the GPUs free up), notices and your limits.
+2. Pick one operation id for this intent, e.g. "{op_id}", and keep it: a retry with the
+   same id and arguments never takes a second claim or booking.
+3. If it fits now: call `claim` with gpus={gpus}, duration="{duration}",
+   task_name="{what_short}" and that operation_id (add owner_pid: your own long-lived pid
+   if the claim must outlive this MCP session). If it does not fit now: call `recommend`
+   for the earliest start, then `book` it with the operation id, and claim when the
+   booking starts.
+4. Run the work yourself (no tool runs commands): `gpuctl run --allocation REF -- COMMAND`,
+   or with the `env` the claim returned (CUDA_VISIBLE_DEVICES). Use no GPU you did not
+   claim.
+5. When it is done, or fails, call `release` with the claim's ref and a new operation id;
+   `cancel` a booking you no longer need. Check `list` or `usage` that nothing is left.
+"""
+
+
+class Bus(SharedClient):
+    """The server's one client (``SharedClient``: used from worker threads), and the
+    memory of the operation ids of claims and releases."""
+
+    def __init__(self, bus: str | None = None):
+        super().__init__(bus)
+        self._done: dict[str, tuple[str, dict]] = {}
+        self.own: set[str] = set()
+        """Refs of the claims owned by this process, released when the session ends."""
+
+    def once(self, op_id: str, request: dict, fn, dry_run: bool) -> dict:
+        """``fn(client)`` once per operation id: the same id with the same ``request``
+        answers the first result; with another request it is refused.  A dry run neither
+        looks at nor records the id (as the daemon does for bookings)."""
+        from resourced.errors import InvalidRequest
+
+        if dry_run:
+            return self.call(fn)
+        fingerprint = json.dumps(request, sort_keys=True, default=str)
+
+        def remembered(client):
+            if op_id in self._done:
+                first, result = self._done[op_id]
+                if first != fingerprint:
+                    raise InvalidRequest(f"operation id {op_id!r} was used for another request"
+                                         "; use a new id for a new intent")
+                return result
+            result = fn(client)
+            self._done[op_id] = (fingerprint, result)
+            return result
+
+        return self.call(remembered)
+
+    def release_own(self) -> None:
+        """At the end of the session: release the claims this server owns (not forced: one
+        whose processes still use its GPUs stays, marked DEAD, for the daemon's dead-owner
+        rule to release once they are gone)."""
+        from resourced.errors import ResourcedError
+
+        for ref in sorted(self.own):
+            try:
+                self.call(lambda c, ref=ref: c.release(ref))
+            except ResourcedError:
+                pass
+            self.own.discard(ref)
+
+
+def build_server(link: Bus | None = None):
+    """The MCPServer with resourced's tools, resources and prompt (imports the SDK), over
+    ``link`` (default: a ``Bus`` found as every client finds it)."""
+    from typing import Annotated, Any
+
+    import anyio.to_thread
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ResourceError
+    from mcp.types import CallToolResult, TextContent, ToolAnnotations
+    from pydantic import Field
+
+    from resourced import __version__
+    from resourced.errors import ResourcedError
+
+    from . import context as agent_context
+
+    link = link or Bus()
+    server = MCPServer(NAME, title="resourced: shared GPUs", instructions=INSTRUCTIONS,
+                       version=__version__, log_level="WARNING")
+
+    def tool(annotations: ToolAnnotations, name: str | None = None):
+        """Register a tool, its docstring as one paragraph for its description."""
+        def register(fn):
+            server.add_tool(fn, name=name, description=_paragraph(fn.__doc__),
+                            annotations=annotations)
+            return fn
+        return register
+
+    def failed(exc: ResourcedError) -> CallToolResult:
+        """A tool error (isError) whose text is ``<code>: <message>``, as the model reads it."""
+        text = f"{exc.code}: {exc.message}"
+        return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+    def answer(data: dict) -> CallToolResult:
+        """The structured answer, and the same as compact JSON text for clients that read
+        only text (the SDK's own text would be indented: half as large again)."""
+        text = json.dumps(data, separators=(",", ":"))
+        return CallToolResult(content=[TextContent(type="text", text=text)],
+                              structured_content=data)
+
+    async def ask(fn) -> CallToolResult:
+        """A tool's answer: ``fn(client)``, run off the event loop, or the error it raised."""
+        try:
+            return answer(await anyio.to_thread.run_sync(link.call, fn))
+        except ResourcedError as exc:
+            return failed(exc)
+
+    async def once(op_id: str, request: dict, fn, dry_run: bool) -> CallToolResult:
+        """The same, once per operation id (``Bus.once``)."""
+        try:
+            return answer(await anyio.to_thread.run_sync(link.once, op_id, request, fn,
+                                                         dry_run))
+        except ResourcedError as exc:
+            return failed(exc)
+
+    async def read(fn) -> str:
+        """A resource's JSON text; a resourced error is the read's error, its code first."""
+        try:
+            return json.dumps(await anyio.to_thread.run_sync(link.call, fn), sort_keys=True)
+        except ResourcedError as exc:
+            raise ResourceError(f"{exc.code}: {exc.message}") from None
+
+    reading = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
+    adding = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True,
+                             open_world_hint=False)
+    removing = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True,
+                               open_world_hint=False)
+
+    # Each tool returns its own CallToolResult (a dict as structured content, or an error);
+    # the dict is what the SDK checks it against and publishes as the output schema.
+    Answer = Annotated[CallToolResult, dict[str, Any]]
+    OpId = Annotated[str, Field(min_length=1, max_length=256, description=(
+        "Unique per intent (e.g. 'train-7-claim'). Retrying with the same id and the same "
+        "arguments answers the first result and does nothing twice; the same id with other "
+        "arguments is refused (InvalidArgs)."))]
+    DryRun = Annotated[bool, Field(description=(
+        "Ask the daemon what would happen, decided by its real admission; change nothing."))]
+    Gpus = Annotated[int | None, Field(ge=0, le=2**32 - 1, description="Whole GPUs.")]
+    Vram = Annotated[int | str | None, Field(description=(
+        "A share of one GPU's memory: bytes, or text like '20G'."))]
+    Ram = Annotated[int | str | None, Field(description="Host RAM: bytes, or text like '64G'.")]
+    Cpu = Annotated[int | str | None, Field(description="CPU cores.")]
+    Span = Annotated[int | str, Field(description="How long: '30m', '2h', '1d2h', or seconds.")]
+    Ref = Annotated[str, Field(min_length=1, description="The booking's reference (its id).")]
+
+    @tool(reading)
+    async def context() -> Answer:
+        """Everything to look at first, in one call (the same JSON as `gpuctl agent context
+        --json`, versioned by its schema field): me, what I hold (claims, bookings), what is
+        free, the next places for one and for all GPUs, the queue, health, notices, my
+        limits, the commands to use."""
+        return await ask(agent_context.context)
+
+    @tool(reading)
+    async def recommend(duration: Span, gpus: Gpus = None, vram: Vram = None, ram: Ram = None,
+                        cpu: Cpu = None) -> Answer:
+        """Where and when this would fit, taking nothing (like `gpuctl agent recommend`):
+        fits now (claim it), or the earliest start to book, or fits nowhere within the
+        booking horizon. Nothing asked for is one whole GPU."""
+        return await ask(lambda c: agent_context.recommend(c, duration, gpus=gpus, vram=vram,
+                                                           ram=ram, cpu=cpu))
+
+    @tool(adding)
+    async def claim(operation_id: OpId, gpus: Gpus = None, vram: Vram = None, ram: Ram = None,
+                    cpu: Cpu = None,
+                    duration: Annotated[int | str | None, Field(description=(
+                        "End the claim this long after now: '2h', '30m' or seconds; none: "
+                        "until released."))] = None,
+                    task_name: Annotated[str, Field(description="What it is for.")] = "",
+                    label: Annotated[str, Field(description="A short label for status.")] = "",
+                    owner_pid: Annotated[int | None, Field(ge=1, le=2**32 - 1, description=(
+                        "The process the claim belongs to. Default: this MCP server, whose "
+                        "claims are released when the MCP session ends; pass your own "
+                        "long-lived pid to keep the claim beyond the session (until you "
+                        "release it)."))] = None,
+                    dry_run: DryRun = False) -> Answer:
+        """Claim GPUs, a VRAM share and/or RAM/CPU now, all or nothing (nothing asked for is
+        one whole GPU). Answers the allocation (ref, GPUs), the environment to run with
+        (CUDA_VISIBLE_DEVICES) and warnings. Refused with NotEnoughGPUs/NotEnoughCapacity
+        when it does not fit now (then book). Release it as soon as you are done."""
+        if gpus is None and vram is None and ram is None and cpu is None:
+            gpus = 1
+        owner = owner_pid or os.getpid()
+        request = {"tool": "claim", "gpus": gpus or 0, "vram": vram, "ram": ram, "cpu": cpu,
+                   "duration": duration, "task_name": task_name, "label": label,
+                   "owner_pid": owner}
+
+        def take(c):
+            result = c.claim(mode="dev", gpus=gpus or 0, vram=vram, ram=ram, cpu=cpu,
+                             duration=duration, task_name=task_name, label=label,
+                             owner_pid=owner, dry_run=dry_run)
+            if owner == os.getpid() and not dry_run:
+                link.own.add(result["allocation"]["ref"])
+            return {**result, "owner_pid": owner}
+
+        return await once(operation_id, request, take, dry_run)
+
+    @tool(removing)
+    async def release(operation_id: OpId,
+                      ref: Annotated[str, Field(min_length=1, description=(
+                          "The claim's reference (allocation.ref of claim)."))],
+                      force: Annotated[bool, Field(description=(
+                          "Release even while the claim's processes still use its GPUs "
+                          "(else StillInUse)."))] = False,
+                      dry_run: DryRun = False) -> Answer:
+        """Release one of my claims (a waiting one leaves the queue). Refused with StillInUse
+        while its processes still use its GPUs, unless forced."""
+        request = {"tool": "release", "ref": ref, "force": force}
+
+        def give_back(c):
+            done = c.release(ref, force=force, dry_run=dry_run)
+            if not dry_run:
+                link.own.discard(ref)
+            return {"ref": ref, "released": not dry_run, "dry_run": dry_run,
+                    "warnings": list(done)}
+
+        return await once(operation_id, request, give_back, dry_run)
+
+    @tool(adding)
+    async def book(operation_id: OpId, duration: Span, gpus: Gpus = None, vram: Vram = None,
+                   start: Annotated[str | None, Field(description=(
+                       "Exactly when: '20:00', 'tomorrow 09:00', '+30m', or ISO 8601 (local "
+                       "time unless it has a zone). None: the earliest start that fits."))] = None,
+                   label: Annotated[str | None, Field(description="A short label.")] = None,
+                   task_name: Annotated[str | None, Field(description="What it is for.")] = None,
+                   dry_run: DryRun = False) -> Answer:
+        """Book GPUs (or a VRAM share) for a window, all or nothing over all of it: status
+        'created', 'exists' (this operation_id was booked before: its booking) or 'dry-run',
+        and the booking (id, start, end, GPUs). Refused, with the nearest start that fits,
+        when it does not fit then. Nothing asked for is one whole GPU."""
+        if gpus is None and vram is None:
+            gpus = 1
+
+        def reserve(c):
+            made = c.book(duration, gpus=gpus, start=start, vram=vram, label=label,
+                          task_name=task_name, op_id=operation_id, dry_run=dry_run)
+            return {**made, "booking": agent_context.with_times(made["booking"])}
+
+        return await ask(reserve)
+
+    @tool(adding)
+    async def extend(operation_id: OpId, booking: Ref,
+                     by: Annotated[int | str | None, Field(description=(
+                         "Move the end this much later: '1h', '30m' or seconds."))] = None,
+                     until: Annotated[str | None, Field(description=(
+                         "Or the new end: '22:00', ISO 8601 (earlier shrinks it, not before "
+                         "now)."))] = None,
+                     dry_run: DryRun = False) -> Answer:
+        """Move one of my bookings' end: by a duration, or until a time (give exactly one).
+        Refused when the longer window does not fit."""
+        return await ask(lambda c: agent_context.with_times(c.extend(booking, by=by, until=until,
+                                                       op_id=operation_id, dry_run=dry_run)))
+
+    @tool(removing)
+    async def cancel(operation_id: OpId, booking: Ref,
+                     reason: Annotated[str, Field(description="Why (kept with it).")] = "",
+                     dry_run: DryRun = False) -> Answer:
+        """End one of my bookings now (a scheduled one never starts; an active one ends and
+        its claim with it)."""
+        return await ask(lambda c: agent_context.with_times(c.cancel(booking, reason=reason,
+                                                       op_id=operation_id, dry_run=dry_run)))
+
+    @tool(reading, name="list")
+    async def list_mine() -> Answer:
+        """My claims (granted and waiting, each with its ref, GPUs, owner pid, end) and my
+        bookings (scheduled, active, and those ended within the last day)."""
+        return await ask(agent_context.holdings)
+
+    @tool(reading)
+    async def usage() -> Answer:
+        """What I hold now (claims, whole GPUs, VRAM shares, pools) and what I have booked
+        from now on (bookings, GPU-hours, VRAM GiB-hours, the next start), summed; and my
+        history of the last week (GPU-hours held, used and held idle; claims and bookings),
+        from the daemon's usage history."""
+        return await ask(agent_context.usage)
+
+    @server.resource("resourced://context", name="context", mime_type="application/json",
+                     description="The same JSON as the context tool.")
+    async def context_resource() -> str:
+        return await read(agent_context.context)
+
+    @server.resource("resourced://usage", name="usage", mime_type="application/json",
+                     description=("The same JSON as the usage tool: what I hold now and "
+                                  "have booked ahead, and my history of the last week."))
+    async def usage_resource() -> str:
+        return await read(agent_context.usage)
+
+    @server.prompt(title="Plan GPU work through resourced", description=(
+        "A plan for GPU work: look at the context, claim or book with an operation id, run "
+        "it yourself, release."))
+    def plan_gpu_work(what: Annotated[str, Field(description="The work, e.g. 'fine-tune "
+                                                             "the 7B model'.")],
+                      gpus: Annotated[str, Field(description="How many GPUs.")] = "1",
+                      duration: Annotated[str, Field(description="How long, e.g. '2h'.")]
+                      = "1h") -> str:
+        short = " ".join(what.split())[:60]
+        op_id = "-".join(short.lower().split()[:4]) or "work"
+        return PLAN.format(what=short, what_short=short.replace('"', "'"), gpus=gpus,
+                           duration=duration, op_id=f"{op_id}-1")
+
+    return server
+
+
+def _paragraph(text: str) -> str:
+    return " ".join(text.split())
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from resourced import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="resourced-mcp",
+        description="resourced's tools for coding agents: an MCP server on stdio, as you.")
+    parser.add_argument("--bus", choices=("session", "system", "shared"), default=None,
+                        help="Which bus (default: $RESOURCED_BUS, else the shared bus of "
+                             "`gpuctl connect`, else the session bus if a daemon runs there, "
+                             "else the system bus).")
+    parser.add_argument("--version", action="version", version=f"resourced-mcp {__version__}")
+    args = parser.parse_args(argv)
+    try:
+        import mcp.server.mcpserver  # noqa: F401 - the SDK's 2.x server API
+    except ImportError:
+        print(MISSING_SDK, file=sys.stderr)
+        sys.exit(2)
+    link = Bus(args.bus)
+    try:
+        build_server(link).run("stdio")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        link.release_own()
+        link.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""The booking calls of ``Client`` and ``AsyncClient``: friendly arguments to bus
+messages, and replies to plain dicts (snake_case keys, times in microseconds since the
+epoch, UTC).  Shared by both clients, which only send and await.
+
+Times: ``start``, ``until``, ``since`` accept a string as gpuctl reads it (``+30m``,
+``20:00``, ``tomorrow 09:00``, ISO 8601; relative to now in local time), an aware
+``datetime``, or seconds since the epoch.  Durations accept seconds or a string
+(``2h30m``).  With the simulated backend, *now* is the simulated clock's.
+"""
+
+import re
+from datetime import UTC, datetime
+
+from jeepney import DBusAddress, new_method_call
+
+from resourced.errors import InvalidRequest
+from resourced.protocol.names import BUS_NAME, MANAGER_IFACE, MANAGER_PATH
+
+_MANAGER = DBusAddress(MANAGER_PATH, bus_name=BUS_NAME, interface=MANAGER_IFACE)
+USEC_MAX = 2**64 - 1
+
+
+def now_usec() -> int:
+    """Now, as the daemon sees it (the simulated clock where one is set)."""
+    from resourced.backends.simclock import clock_from_env
+
+    try:
+        return clock_from_env()[0]()
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
+def local_now(usec: int | None = None) -> datetime:
+    """Now (or ``usec``) in the local zone."""
+    from resourced.protocol.when import moment
+
+    return moment(now_usec() if usec is None else usec, UTC).astimezone()
+
+
+def local_text(usec: int, now: int | None = None) -> str:
+    """An instant as a table shows it: ``today 20:00``, in local time, relative to now."""
+    from resourced.protocol.when import format_when, moment
+
+    here = local_now(now)
+    return format_when(moment(usec, here.tzinfo), here)
+
+
+def instant(name: str, value, now: int | None = None) -> int:
+    """A moment as microseconds since the epoch; one typed as text (``+1h``) is taken to
+    the next whole second, as the daemon places bookings (so back to back stays so)."""
+    from resourced.core.clock import whole_second
+    from resourced.protocol.when import parse_when, usec
+
+    if isinstance(value, str):
+        try:
+            exact = usec(parse_when(value, local_now(now)))
+        except ValueError as exc:
+            raise InvalidRequest(f"{name}: {exc}") from None
+        return whole_second(exact)
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise InvalidRequest(f"{name} must be an aware datetime (with a zone)")
+        return usec(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 2**63 / 1e6:
+        return int(value * 1_000_000)
+    raise InvalidRequest(f"{name} must be a time (text, datetime or epoch seconds), not {value!r}")
+
+
+def span(name: str, value) -> int:
+    """A duration as microseconds (more than 0)."""
+    from resourced.protocol.when import parse_duration
+
+    if isinstance(value, str):
+        try:
+            value = parse_duration(value)
+        except ValueError as exc:
+            raise InvalidRequest(f"{name}: {exc}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 2**63 / 1e6:
+        raise InvalidRequest(f"{name} must be more than 0 seconds, not {value!r}")
+    return int(value * 1_000_000)
+
+
+def request_options(gpus=None, duration=None, start=None, gpu_names=None, exclude=None,
+                    vram=None, ram=None, cpu=None, pools=None, exclusive=None, op_id=None,
+                    label=None, task_name=None, earliest=False, dry_run=False, vram_mb=None,
+                    ram_mb=None, isolate=None) -> dict:
+    """``Book``/``EditBooking``/``FindSlots`` options; None leaves a key out (an edit then
+    keeps the booking's value)."""
+    from .sync import UINT32_MAX, _text, _whole, memory_and_counts
+
+    options = {}
+    if gpus is not None:
+        options["GPUs"] = ("u", _whole("gpus", gpus, 0, UINT32_MAX))
+    if gpu_names is not None:
+        options["GPUNames"] = ("as", [_text("GPU", str(g)) for g in gpu_names])
+    if exclude is not None:
+        options["Exclude"] = ("as", [_text("GPU", str(g)) for g in exclude])
+    vram, amounts = memory_and_counts(vram, ram, cpu, pools, vram_mb, ram_mb)
+    if vram is not None:
+        options["VRAMBytes"] = ("t", vram)
+    if amounts or pools is not None:
+        options["Pools"] = ("a{st}", amounts)
+    if duration is not None:
+        options["DurationUSec"] = ("t", span("duration", duration))
+    if start is not None:
+        options["StartUSec"] = ("t", instant("start", start))
+    if earliest:
+        options["Earliest"] = ("b", True)
+    if dry_run:
+        options["DryRun"] = ("b", True)
+    if exclusive is not None:
+        options["Exclusive"] = ("b", bool(exclusive))
+    if isolate is not None:
+        options["Isolate"] = ("b", bool(isolate))
+    for key, name, value in (("OpID", "op id", op_id), ("Label", "label", label),
+                             ("TaskName", "task name", task_name)):
+        if value is not None:
+            options[key] = ("s", _text(name, value))
+    return options
+
+
+def call(method: str, signature: str | None = None, body: tuple = ()):
+    return new_method_call(_MANAGER, method, signature, body)
+
+
+def book_message(session=None, **request):
+    from .sync import session_option
+
+    return call("Book", "a{sv}", ({**request_options(**request), **session_option(session)},))
+
+
+def list_message(all_users=False, since=None, until=None, offset=0, limit=None):
+    from .sync import UINT32_MAX, _whole
+
+    options = {"All": ("b", bool(all_users))}
+    if since is not None:
+        options["SinceUSec"] = ("t", instant("since", since))
+    if until is not None:
+        options["UntilUSec"] = ("t", instant("until", until))
+    if offset:
+        options["Offset"] = ("u", _whole("offset", offset, 0, UINT32_MAX))
+    if limit is not None:
+        options["Limit"] = ("u", _whole("limit", limit, 1, 10_000))
+    return call("ListBookings", "a{sv}", (options,))
+
+
+def ref_message(method: str, ref: str, *rest: tuple[str, object]):
+    from .sync import _text
+
+    signature = "s" + "".join(sig for sig, _ in rest)
+    return call(method, signature, (_text("reference", ref), *(v for _, v in rest)))
+
+
+def slots_message(count: int, **request):
+    from .sync import _whole
+
+    return call("FindSlots", "a{sv}u", (request_options(**request),
+                                         _whole("count", count, 1, 20)))
+
+
+def blackout_message(start, end, reason: str):
+    from .sync import _text
+
+    return call("AddBlackout", "tts", (instant("start", start), instant("end", end),
+                                       _text("reason", reason)))
+
+
+def notice_message(text: str, until=None):
+    from .sync import _text
+
+    return call("AddNotice", "st", (_text("text", text),
+                                    0 if until is None else instant("until", until)))
+
+
+def change_options(op_id: str = "", dry_run: bool = False) -> tuple[str, dict]:
+    """The a{sv} of CancelBooking."""
+    from .sync import _text
+
+    options = {"OpID": ("s", _text("op id", op_id))} if op_id else {}
+    if dry_run:
+        options["DryRun"] = ("b", True)
+    return "a{sv}", options
+
+
+def end_message(ref: str, by=None, until=None, op_id: str = "", dry_run: bool = False):
+    """SetBookingEnd: ``by`` a duration past the end it has, or ``until`` a time."""
+    if (by is None) == (until is None):
+        raise InvalidRequest("give exactly one of by (a duration) or until (a time)")
+    _, options = change_options(op_id, dry_run)
+    if by is not None:
+        options["ByUSec"] = ("t", span("by", by))
+    return ref_message("SetBookingEnd", ref, ("t", 0 if until is None else instant("until", until)),
+                       ("a{sv}", options))
+
+
+_SPECIAL = {"UID": "uid", "UUID": "uuid", "OpID": "op_id", "GPUUUIDs": "gpu_uuids", "GPUIndices": "gpu_indices",
+            "GPUs": "gpus", "VRAMBytes": "vram_bytes", "EndedBy": "ended_by"}
+
+
+def snake(key: str) -> str:
+    """``StartUSec`` -> ``start_usec``, ``GPUUUIDs`` -> ``gpu_uuids``."""
+    if key in _SPECIAL:
+        return _SPECIAL[key]
+    key = key.replace("USec", "Usec")
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
+
+
+def record(data: dict) -> dict:
+    """An ``a{sv}`` record (jeepney's (signature, value) pairs) as a plain dict."""
+    return {snake(k): (dict(v) if sig.startswith("a{") else list(v) if sig.startswith("a")
+                       else v) for k, (sig, v) in data.items()}
+
+
+def records(body: tuple) -> list[dict]:
+    return [record(r) for r in body[0]]
+
+
+def booked(body: tuple) -> dict:
+    """``Book``'s reply: ``{"status": created | exists, "booking": {...}}``."""
+    return {"status": body[0], "booking": record(body[1])}

@@ -1,0 +1,171 @@
+"""Bookings on the bus: requests and filters from ``a{sv}``, records as ``a{sv}``, and the
+per-user object whose signals tell a user about their bookings.
+
+Bookings are records behind Manager methods, not an object each: 10,000 bookings must not
+cost 10,000 exports, nor make ``busctl tree`` unusable.  Signals about a user's bookings
+go out from ``/org/resourced/user/<uid>`` (``org.resourced.User``), so a client that
+listens for its own user's is not woken for everyone else's.
+"""
+
+import json
+
+from dbus_fast import Variant
+from dbus_fast.service import dbus_signal
+
+from resourced.core.calendar import Blackout, Booking, BookingRequest, Notice
+from resourced.core.claims import Demand
+from resourced.errors import InvalidRequest
+from resourced.protocol.names import USER_IFACE
+
+from .interface import Interface
+from .options import parse_options
+
+BOOK_OPTIONS = {
+    "GPUs": "u", "GPUNames": "as", "Exclude": "as", "VRAMBytes": "t", "Pools": "a{st}",
+    "DurationUSec": "t", "StartUSec": "t", "Earliest": "b", "Exclusive": "b",
+    "OpID": "s", "Label": "s", "TaskName": "s", "DryRun": "b", "Isolate": "b",
+}
+"""``Book``, ``EditBooking`` and ``FindSlots`` options.  No ``StartUSec`` (or
+``Earliest``): the earliest start that fits."""
+CHANGE_OPTIONS = {"OpID": "s", "DryRun": "b"}
+"""``CancelBooking`` options: OpID makes it retry-safe too."""
+END_OPTIONS = {"OpID": "s", "ByUSec": "t", "DryRun": "b"}
+"""``SetBookingEnd`` options: ByUSec extends by that much past the end it has."""
+LIST_OPTIONS = {"All": "b", "SinceUSec": "t", "UntilUSec": "t", "Offset": "u", "Limit": "u"}
+MAX_PAGE = 10_000
+MAX_SLOTS = 20
+
+
+def booking_request(options: dict, gpu_uuid,
+                    base: Booking | None = None) -> tuple[BookingRequest, str, bool]:
+    """The request the options describe (over ``base``'s, for an edit), the op id, and
+    whether it is a dry run;
+    ``gpu_uuid`` resolves a GPU's name (alias, index, UUID) to its UUID."""
+    opts = parse_options(options, BOOK_OPTIONS)
+    old = base.request if base is not None else None
+    named = tuple(gpu_uuid(n) for n in opts["GPUNames"]) if "GPUNames" in opts else (
+        old.named if old else ())
+    excluded = tuple(gpu_uuid(n) for n in opts["Exclude"]) if "Exclude" in opts else (
+        old.excluded if old else ())
+    if "GPUNames" in opts and len(set(named)) != len(named):
+        raise InvalidRequest("a GPU is named twice")
+    gpus = opts.get("GPUs", len(named) if "GPUNames" in opts else old.demand.gpus if old else 0)
+    vram = opts.get("VRAMBytes", old.demand.vram if old else 0)
+    if "GPUs" in opts or "GPUNames" in opts:
+        vram = opts.get("VRAMBytes", 0)
+    elif "VRAMBytes" in opts:
+        gpus = 0
+    pools = opts["Pools"] if "Pools" in opts else dict(old.demand.pools if old else ())
+    if "DurationUSec" not in opts and old is None:
+        raise InvalidRequest("a booking needs a duration (DurationUSec)")
+    start = opts.get("StartUSec", base.start_usec if base is not None else None)
+    if opts.get("Earliest"):
+        start = None
+    request = BookingRequest(
+        demand=Demand.of(gpus, vram, pools),
+        duration_usec=opts.get("DurationUSec", old.duration_usec if old else 0),
+        start_usec=start, named=named, excluded=excluded,
+        exclusive=opts.get("Exclusive", old.exclusive if old else False),
+        label=opts.get("Label", old.label if old else ""),
+        task_name=opts.get("TaskName", old.task_name if old else ""),
+        isolate=opts.get("Isolate", old.isolate if old else False))
+    return request, opts.get("OpID", ""), opts.get("DryRun", False)
+
+
+def list_filter(options: dict) -> dict:
+    opts = parse_options(options, LIST_OPTIONS)
+    if opts.get("Limit", 1) == 0 or opts.get("Limit", 0) > MAX_PAGE:
+        raise InvalidRequest(f"Limit must be from 1 to {MAX_PAGE}")
+    return opts
+
+
+FIELDS = (
+    ("Id", "id", "s"), ("UID", "uid", "u"), ("User", "user", "s"), ("State", "state", "s"),
+    ("StartUSec", "start_usec", "t"), ("EndUSec", "end_usec", "t"),
+    ("CreatedUSec", "created_usec", "t"), ("GPUUUIDs", "gpu_uuids", "as"),
+    ("GPUIndices", "gpu_indices", "au"), ("GPUs", "gpus", "u"),
+    ("VRAMBytes", "vram_bytes", "t"), ("Shared", "shared", "b"),
+    ("Exclusive", "exclusive", "b"), ("Pools", "pools", "a{st}"), ("Label", "label", "s"),
+    ("TaskName", "task_name", "s"), ("OpID", "op_id", "s"), ("Ended", "ended", "s"),
+    ("EndedBy", "ended_by", "i"), ("EndedUSec", "ended_usec", "t"),
+    ("Reason", "reason", "s"), ("ClaimState", "claim_state", "s"),
+    ("WaitingFor", "waiting_for", "as"), ("Session", "session", "s"), ("Job", "job", "s"),
+    ("JobExit", "job_exit", "i"), ("JobDetail", "job_detail", "s"),
+    ("Isolated", "isolated", "b"),
+)
+"""A booking's record: its a{sv} key, its JSON key (what the clients return), its type."""
+
+
+def booking_fields(b: Booking, gpus: dict, claim_state: str = "",
+                   waiting_for: list[str] = ()) -> dict:
+    """A booking's record by JSON key; ``gpus`` maps UUIDs to the ledger's GPUs;
+    ``claim_state`` is its claim's while it is active, ``waiting_for`` the claims that
+    hold its GPUs while its claim waits (granted before it, not given back)."""
+    d = b.request.demand
+    return {
+        "id": b.id, "uid": b.uid, "user": b.user, "state": b.state,
+        "start_usec": b.start_usec, "end_usec": b.end_usec, "created_usec": b.created_usec,
+        "gpu_uuids": list(b.gpus), "gpu_indices": [gpus[u].index for u in b.gpus if u in gpus],
+        "gpus": d.gpus, "vram_bytes": d.vram, "shared": b.share,
+        "exclusive": b.request.exclusive, "pools": dict(d.pools), "label": b.request.label,
+        "task_name": b.request.task_name, "op_id": b.op_id, "ended": b.ended,
+        "ended_by": b.ended_by, "ended_usec": b.ended_usec, "reason": b.reason,
+        "claim_state": claim_state, "waiting_for": list(waiting_for), "session": b.session,
+        "job": b.job, "job_exit": b.job_exit, "job_detail": b.job_detail,
+        "isolated": b.request.isolate,
+    }
+
+
+def booking_record(fields: dict) -> dict:
+    """The a{sv} of a booking's fields."""
+    return {key: Variant(signature, fields[name]) for key, name, signature in FIELDS}
+
+
+class BookingTexts:
+    """Each booking's JSON, kept until the booking changes (records are immutable: a
+    changed booking is another object), so listing 5,000 bookings encodes none again."""
+
+    def __init__(self):
+        self._texts: dict[str, tuple[Booking, str]] = {}
+
+    def text(self, b: Booking, gpus: dict, claim_state: str, waiting_for: list[str]) -> str:
+        cached = self._texts.get(b.id)
+        if cached is None or cached[0] is not b:
+            fields = booking_fields(b, gpus)
+            del fields["claim_state"], fields["waiting_for"]
+            cached = self._texts[b.id] = (b, json.dumps(fields)[:-1])
+        return (f'{cached[1]}, "claim_state": "{claim_state}", '
+                f'"waiting_for": {json.dumps(waiting_for)}}}')
+
+    def forget_missing(self, known: dict) -> None:
+        """Drop the texts of bookings the calendar no longer has."""
+        for booking_id in [i for i in self._texts if i not in known]:
+            del self._texts[booking_id]
+
+
+def blackout_record(b: Blackout) -> dict:
+    return {"Id": Variant("s", b.id), "StartUSec": Variant("t", b.start_usec),
+            "EndUSec": Variant("t", b.end_usec), "Reason": Variant("s", b.reason)}
+
+
+def notice_record(n: Notice) -> dict:
+    return {"Id": Variant("s", n.id), "Text": Variant("s", n.text),
+            "CreatedUSec": Variant("t", n.created_usec), "UntilUSec": Variant("t", n.until_usec),
+            "By": Variant("u", n.by)}
+
+
+class UserInterface(Interface):
+    """``org.resourced.User`` at /org/resourced/user/<uid>: signals about that user's
+    bookings."""
+
+    OUT_NAMES = {"BookingChanged": ("booking_id", "what", "booking")}
+
+    def __init__(self):
+        super().__init__(USER_IFACE)
+
+    @dbus_signal()
+    def BookingChanged(self, booking_id: str, what: str, booking: dict) -> "ssa{sv}":
+        """what: created | changed | started | ending | ended | blackout (a blackout now
+        covers part of it) | job (its command's state changed) | no-show (released: its
+        GPUs were not used)."""
+        return [booking_id, what, booking]

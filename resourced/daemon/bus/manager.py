@@ -1,0 +1,908 @@
+"""``org.resourced.Manager`` at /org/resourced: lookups, listings, claims, signals.
+
+Handlers decide nothing: who is calling, decode, call the engine, encode the reply.
+The engine's events come back through ``_publish``, the one place that unexports claim
+objects and emits signals and PropertiesChanged, once per change.
+
+Claim objects are exported when first needed, not at every claim: a dbus-fast object
+costs about 100 us and a few kB, which a daemon holding 10,000 claims should not pay
+for objects nobody looks at.  A claim's object appears the moment anything needs it:
+a call to its path, a signal it must emit (except a waiter's ``Granted``, ``Cancelled``
+and state change, sent from its path without one: an object for each waiter cost more
+than the rest of its wait), an Introspect of a path above it (so ``busctl tree`` shows
+every claim) or ``GetManagedObjects``.  To a client it is there from the ``ClaimNew``
+on, as before.
+
+``/org/resourced`` is also an ``org.freedesktop.DBus.ObjectManager`` (see
+``connection.py``).  The bus announces the objects exported at start (GPUs, pools,
+checks, and checks again after a reload) and the per-user ones; claims, exported
+lazily and quietly, are announced here: ``InterfacesAdded`` (their ``org.resourced.Claim``
+properties, read from the record without exporting) just before ``ClaimNew``, and
+``InterfacesRemoved`` just before ``ClaimRemoved``, whether or not the object was ever
+exported.
+"""
+
+import contextlib
+import json
+
+from dbus_fast import Message, MessageFlag, MessageType, PropertyAccess, Variant
+from dbus_fast.service import dbus_method, dbus_property, dbus_signal
+
+from resourced import __version__
+from resourced.config import ConfigError
+from resourced.core import health as health_levels
+from resourced.core.calendar import BookingEvent, Notice, check_instant
+from resourced.core.claims import BOOKING, Demand
+from resourced.core.ledger import (
+    ClaimEnding,
+    ClaimGranted,
+    ClaimQueued,
+    ClaimReleased,
+    Event,
+    MembersChanged,
+    OwnerDied,
+    ReclaimAsked,
+    ReclaimWithdrawn,
+    Relabelled,
+    StopAsked,
+    UntilChanged,
+)
+from resourced.core.verify import GpuReport
+from resourced.errors import (
+    AccessDenied,
+    InteractionRequired,
+    InvalidRequest,
+    NotClaimOwner,
+    left_the_queue,
+)
+from resourced.protocol.names import (
+    CLAIM_IFACE,
+    CLAIM_PREFIX,
+    MANAGER_IFACE,
+    MANAGER_PATH,
+    RELEASE_DRY_RUN,
+    RELEASE_FORCE,
+    check_path,
+    claim_path,
+    gpu_path,
+    pool_path,
+    user_path,
+)
+
+from .. import memory
+from ..engine.engine import Engine, GpuUseChanged
+from ..health_monitor import HealthMonitor
+from .bookings import (
+    CHANGE_OPTIONS,
+    END_OPTIONS,
+    MAX_SLOTS,
+    BookingTexts,
+    UserInterface,
+    blackout_record,
+    booking_fields,
+    booking_record,
+    booking_request,
+    list_filter,
+    notice_record,
+)
+from .caller import Credentials, current_call
+from .claim import ClaimInterface
+from .connection import REPLY_LATER, changed_values, eager_methods, property_values
+from .describe import StateView
+from .errors import bus_errors, error_reply
+from .gpu import GpuInterface
+from .health import CheckInterface
+from .held_calls import HeldCalls
+from .interface import Interface
+from .options import parse_options
+from .polkit import CLAIM, MANAGE, RELEASE_OTHER, RESERVE, Authority, GroupAuthority, SharedAccess
+from .pool import PoolInterface
+from .throttle import Throttle
+
+R = PropertyAccess.READ
+PROPERTIES_IFACE = "org.freedesktop.DBus.Properties"
+
+CLAIM_OPTIONS = {
+    "Mode": "s", "OwnerPID": "u", "MemberPIDs": "au", "Label": "s", "TaskName": "s",
+    "VRAMBytes": "t", "Pools": "a{st}", "Priority": "i", "Wait": "b",
+    "QueueTimeoutUSec": "t", "Reclaimable": "b", "DurationUSec": "t", "Session": "s",
+    "DryRun": "b", "ReplyWhenGranted": "b", "Isolate": "b",
+}
+RELEASE_FLAGS = RELEASE_FORCE | RELEASE_DRY_RUN
+JOB_OPTIONS = {"UID": "u", "Name": "s"}
+STOP_OPTIONS = {"Session": "s", "UID": "u", "Reason": "s", "DryRun": "b"}
+USAGE_OPTIONS = {"SinceUSec": "t", "UntilUSec": "t", "UID": "u", "ByGPU": "b"}
+DAY_USEC = 86400 * 1_000_000
+FEATURES = ["claims", "dev-claims", "verify", "health", "pools", "queue", "reclaim",
+            "bookings", "slurm-jobs", "reply-when-granted", "metrics", "diagnose"]
+
+
+
+class ManagerInterface(Interface):
+    CONST_PROPERTIES = frozenset({"Version", "Mode", "Backend", "BackendNote", "Features", "NGPUs"})
+    OUT_NAMES = {
+        "Claim": ("claim_id", "claim", "grant"),
+        "GetClaim": ("claim",),
+        "GetGrant": ("grant",),
+        "GetClaimByCall": ("claim_id", "claim", "grant"),
+        "ListGPUs": ("gpus",),
+        "ListClaims": ("claims",),
+        "ListPools": ("pools",),
+        "Describe": ("json",),
+        "Release": ("warnings",),
+        "ReleaseGPU": ("claim_id",),
+        "Confine": ("unit",),
+        "Verify": ("report",),
+        "Reload": ("applied", "needs_restart"),
+        "ClaimNew": ("claim_id", "claim"),
+        "ClaimRemoved": ("claim_id", "claim", "reason"),
+        "LevelChanged": ("check", "old_level", "new_level", "reason"),
+        "Book": ("status", "booking"),
+        "EditBooking": ("booking",),
+        "SetBookingEnd": ("booking",),
+        "CancelBooking": ("booking",),
+        "ListBookings": ("json",),
+        "GetBooking": ("booking",),
+        "FindSlots": ("slots",),
+        "AddBlackout": ("blackout_id", "bookings_inside"),
+        "ListBlackouts": ("blackouts",),
+        "AddNotice": ("notice_id",),
+        "ListNotices": ("notices",),
+        "NoticeAdded": ("notice_id", "text"),
+        "Stop": ("claims", "bookings"),
+        "ReportJob": ("booking",),
+        "Usage": ("json",),
+        "Metrics": ("text",),
+        "Diagnose": ("json",),
+        "ClaimJob": ("claim_id", "claim"),
+        "ReleaseJob": ("claim_ids",),
+    }
+
+    def __init__(self, bus, engine: Engine, mode: str, health: HealthMonitor, reload=None,
+                 shared: SharedAccess | None = None, metrics=None, diagnose=None):
+        super().__init__(MANAGER_IFACE)
+        self.engine = engine
+        self.mode = mode
+        self.health = health
+        self.reload = reload
+        self.metrics = metrics  # the Metrics the daemon keeps (resourced.daemon.metrics)
+        self.diagnose = diagnose  # async () -> the daemon's checks (resourced.daemon.self_check)
+        self._checks: dict[str, CheckInterface] = {}
+        self._pools: dict[str, PoolInterface] = {}
+        self.shared = shared
+        self._bind(bus)
+        engine.after_reply.hold(lambda: self.bus.batch())  # a turn's signals: one write
+        self._gpus: dict[str, GpuInterface] = {}
+        self._claims: dict[str, ClaimInterface] = {}  # the claim objects exported so far
+        self._waiting: set[str] = set()  # queued claims (their outcome is signalled so)
+        self._can_keep_calls = eager_methods(bus)  # (ReplyWhenGranted; else Wait's reply)
+        self._totals = Throttle(self._announce_totals)
+        self._users: dict[int, UserInterface] = {}  # per-user signal objects, made when needed
+        self._texts = BookingTexts()
+        self.view = StateView(engine, mode, health)
+
+    def _bind(self, bus) -> None:
+        self.bus = bus
+        self.held = HeldCalls(bus, lambda claim_id: self.engine.withdraw(
+            claim_id, "the caller waiting on it left the bus"))
+        self.authority = (GroupAuthority(bus, *self.shared) if self.shared
+                          else Authority(bus, enabled=self.mode == "system"))
+        self.credentials = Credentials(bus)
+
+    def export(self) -> None:
+        """Export the manager and one object per GPU; follow the engine from now on."""
+        self._export_objects()
+        self.engine.subscribe(self._publish)
+        self.health.subscribe(self._publish_levels)
+        self.health.on_sample(self._publish_figures)
+
+    def move_to(self, bus) -> None:
+        """Serve on a new connection (the shared bus was restarted): the objects leave the
+        old one and are exported on the new one; claim objects again when asked for."""
+        self.bus.unexport_all()
+        self._bind(bus)
+        self._claims.clear()
+        self._users.clear()
+        self._waiting.clear()
+        self._export_objects()
+
+    def _export_objects(self) -> None:
+        self.bus.export(MANAGER_PATH, self)
+        gpus = list(self.engine.ledger.gpus.values())
+        for gpu in gpus:
+            iface = GpuInterface(gpu, self.engine)
+            self._gpus[gpu.uuid] = iface
+            self.bus.export(gpu_path(gpu.index), iface)
+        for pool in self.engine.ledger.pools.values():
+            self._pools[pool.name] = PoolInterface(pool, self.engine.ledger)
+            self.bus.export(pool_path(pool.name), self._pools[pool.name])
+        self._waiting.update(claim.id for claim in self.engine.ledger.queue())
+        self.bus.add_message_handler(self._export_claims_for)
+        self._export_checks()
+
+    async def settled(self) -> None:
+        await self.engine.calendar_synced()
+
+    # -- methods -----------------------------------------------------------------------
+    @dbus_method()
+    @bus_errors
+    async def Claim(self, gpus: "u", options: "a{sv}") -> "soa{sv}":
+        opts = parse_options(options, CLAIM_OPTIONS)
+        call = current_call.get()
+        keep = (opts.get("ReplyWhenGranted", False) and self._can_keep_calls
+                and not call.flags & MessageFlag.NO_REPLY_EXPECTED)
+        with self.held.deciding(call) if keep else contextlib.nullcontext():
+            return await self._claim(call, keep, gpus, opts)
+
+    async def _claim(self, call: Message, keep: bool, gpus: int, opts: dict) -> list:
+        caller = await self.credentials.caller()
+        await self.authority.check(call, caller.uid, CLAIM, {
+            "gpus": str(gpus), "mode": opts.get("Mode", "run"), "label": opts.get("Label", "")})
+        if opts.get("Isolate") is False and self.engine.settings.isolation == "always" \
+                and caller.uid != 0:  # only an administrator runs unconfined here
+            await self.authority.check(call, caller.uid, MANAGE, {"isolate": "false"})
+        timeout = opts.get("QueueTimeoutUSec")
+        claim, warnings = await self.engine.claim(
+            caller,
+            Demand.of(gpus, opts.get("VRAMBytes", 0), opts.get("Pools", {})),
+            mode=opts.get("Mode", "run"),
+            owner_pid=opts.get("OwnerPID"),
+            member_pids=opts.get("MemberPIDs", ()),
+            label=opts.get("Label", ""),
+            task_name=opts.get("TaskName", ""),
+            priority=opts.get("Priority", 0),
+            wait=opts.get("Wait", False) or opts.get("ReplyWhenGranted", False),
+            timeout=None if timeout is None else timeout / 1e6,
+            reclaimable=opts.get("Reclaimable", False),
+            duration=opts["DurationUSec"] / 1e6 if "DurationUSec" in opts else None,
+            session=opts.get("Session"),
+            dry_run=opts.get("DryRun", False),
+            call_serial=call.serial,
+            isolate=opts.get("Isolate"),
+        )
+        if opts.get("DryRun"):  # no claim was made: no reference, no object
+            return ["", "/", self.view.grant(claim, warnings, dry_run=True)]
+        if keep and claim.id in self._waiting:
+            self.held.hold(claim.id, call, warnings)  # answered by _tell_waiter
+            return REPLY_LATER
+        return [claim.id, claim_path(claim.id), self.view.grant(claim, warnings)]
+
+    @dbus_method()
+    @bus_errors
+    async def Release(self, claim_id: "s", flags: "t") -> "as":
+        return await self.release(claim_id, flags)
+
+    @dbus_method()
+    @bus_errors
+    async def Confine(self, claim_id: "s", pid: "u") -> "s":
+        """Run the caller's process ``pid`` in isolated claim ``claim_id``'s scope, where
+        it opens the claim's GPUs and no others (before it execs its command); the
+        scope's unit name."""
+        return await self.engine.confine(await self.credentials.caller(), claim_id, pid)
+
+    @dbus_method()
+    @bus_errors
+    async def ReleaseGPU(self, gpu: "s", reason: "s") -> "s":
+        claim_id = self.engine.holder_of(gpu).id
+        await self._release(claim_id, force=True, reason=reason)
+        return claim_id
+
+    @dbus_method()
+    @bus_errors
+    async def ClaimJob(self, job_id: "s", gpus: "as", options: "a{sv}") -> "so":
+        """Slurm job ``job_id``'s GPUs here (names) become its claim, in mode slurm (its
+        prolog, as root; anyone else needs manage).  ``UID``: the job's user (default: the
+        caller); ``Name``: the job's name, for the label."""
+        opts = parse_options(options, JOB_OPTIONS)
+        caller = await self._manager()
+        claim = await self.engine.claim_job(caller, job_id, list(gpus),
+                                            opts.get("UID", caller.uid), opts.get("Name", ""))
+        return [claim.id, claim_path(claim.id)]
+
+    @dbus_method()
+    @bus_errors
+    async def ReleaseJob(self, job_id: "s") -> "as":
+        """End Slurm job ``job_id``'s claim (its epilog); the claims ended."""
+        await self._manager()
+        return self.engine.release_job(job_id)
+
+    @dbus_method()
+    @bus_errors
+    async def Stop(self, options: "a{sv}") -> "asas":
+        """End every claim and booking of one of the caller's sessions (``Session``; none:
+        all of theirs), or of user ``UID``'s (needs manage, as cancelling another's
+        booking does, and a ``Reason``).
+        Returns the claims and bookings stopped (``DryRun``: that would be)."""
+        opts = parse_options(options, STOP_OPTIONS)
+        caller = await self.credentials.caller()
+        uid = opts.get("UID", caller.uid)
+        admin = caller.uid not in (0, uid)
+        if admin:
+            await self.authority.check(current_call.get(), caller.uid, MANAGE, {
+                "owner_uid": str(uid), "session": opts.get("Session", "")})
+        claims, bookings = self.engine.stop(caller, uid, opts.get("Session"),
+                                            opts.get("Reason", ""), admin,
+                                            opts.get("DryRun", False))
+        return [[c.id for c in claims], [b.id for b in bookings]]
+
+    @dbus_method()
+    @bus_errors
+    async def Verify(self) -> "aa{sv}":
+        reports, claims = await self.engine.verify(), self.engine.ledger.claims
+        return [_report(r, r.claim_id in claims and claims[r.claim_id].isolated)
+                for r in reports]
+
+    @dbus_method()
+    @bus_errors
+    async def Reload(self) -> "asas":
+        caller = await self.credentials.caller()
+        await self.authority.check(current_call.get(), caller.uid, MANAGE, {})
+        try:
+            applied, restart = self.reload()
+        except ConfigError as exc:
+            raise InvalidRequest(f"the configuration was not reloaded: {exc}") from exc
+        return [applied, restart]
+
+    @dbus_method()
+    @bus_errors
+    def GetClaim(self, claim_id: "s") -> "o":
+        return claim_path(self.engine.ledger.get(claim_id).id)
+
+    @dbus_method()
+    @bus_errors
+    async def GetGrant(self, claim_id: "s") -> "a{sv}":
+        """A claim's grant, from which its environment is made: for its own user (and
+        root). Anyone else needs manage, and is told whose claim it is; reading what a
+        claim is (GetClaim, Describe) stays open to all."""
+        caller = await self.credentials.caller()
+        claim = self.engine.ledger.get(claim_id)
+        if caller.uid in (0, claim.uid):
+            return self.view.grant(claim)
+        whose = f"{claim_id} is {claim.user or f'uid {claim.uid}'}'s claim"
+        try:
+            await self.authority.check(current_call.get(), caller.uid, MANAGE, {
+                "claim": claim_id, "owner_uid": str(claim.uid)})
+        except (AccessDenied, InteractionRequired):
+            raise NotClaimOwner(whose) from None
+        return self.view.grant(claim, [f"{whose}: you use it as an administrator"])
+
+    @dbus_method()
+    @bus_errors
+    async def GetClaimByCall(self, serial: "u") -> "soa{sv}":
+        sender = current_call.get().sender
+        await self.held.decided(sender, serial)
+        claim = self.engine.claim_of_call(sender, serial)
+        return [claim.id, claim_path(claim.id), self.view.grant(claim)]
+
+    @dbus_method()
+    @bus_errors
+    def ListGPUs(self) -> "a(ussso)":
+        return [
+            [g.index, g.uuid, g.name, self.engine.gpu_state(g), gpu_path(g.index)]
+            for g in self.engine.ledger.gpus.values()
+        ]
+
+    @dbus_method()
+    @bus_errors
+    def ListPools(self) -> "a(sttso)":
+        ledger = self.engine.ledger
+        return [[p.name, p.capacity, ledger.pool_free(p.name), p.unit, pool_path(p.name)]
+                for p in ledger.pools.values()]
+
+    @dbus_method()
+    @bus_errors
+    def ListClaims(self) -> "a(sssuubo)":
+        return [
+            [c.id, c.mode, c.user, c.uid, c.owner.pid, c.owner_alive, claim_path(c.id)]
+            for c in self.engine.ledger.claims.values()
+        ]
+
+    @dbus_method()
+    @bus_errors
+    def Describe(self) -> "s":
+        text = self.view.describe()
+        if len(text) > memory.BIG:
+            self.engine.after_reply(memory.trim)
+        return text
+
+    # -- bookings ----------------------------------------------------------------------
+    @dbus_method()
+    @bus_errors
+    async def Book(self, options: "a{sv}") -> "sa{sv}":
+        session = parse_options({k: v for k, v in options.items() if k == "Session"},
+                                {"Session": "s"}).get("Session")
+        request, op_id, dry_run = booking_request(
+            {k: v for k, v in options.items() if k != "Session"}, self._gpu_uuid)
+        caller = await self.credentials.caller()
+        await self.authority.check(current_call.get(), caller.uid, RESERVE, {
+            "gpus": str(request.demand.gpus), "duration_usec": str(request.duration_usec)})
+        booking, status = await self.engine.book(caller, request, op_id, dry_run, session)
+        return [status, self._record(booking)]
+
+    @dbus_method()
+    @bus_errors
+    async def EditBooking(self, booking_id: "s", options: "a{sv}") -> "a{sv}":
+        caller, admin = await self._owner_or_admin(booking_id)
+        base = self.engine.booking(booking_id)
+        request, op_id, dry_run = booking_request(options, self._gpu_uuid, base)
+        return self._record(self.engine.edit_booking(caller, booking_id, request, admin, op_id,
+                                                     dry_run))
+
+    @dbus_method()
+    @bus_errors
+    async def SetBookingEnd(self, booking_id: "s", end_usec: "t", options: "a{sv}") -> "a{sv}":
+        opts = parse_options(options, END_OPTIONS)
+        if bool(end_usec) == bool(opts.get("ByUSec")):
+            raise InvalidRequest("give either an end (end_usec) or ByUSec, not both or neither")
+        caller, admin = await self._owner_or_admin(booking_id)
+        return self._record(self.engine.set_booking_end(
+            caller, booking_id, end_usec, admin, opts.get("OpID", ""), opts.get("ByUSec", 0),
+            opts.get("DryRun", False)))
+
+    @dbus_method()
+    @bus_errors
+    async def CancelBooking(self, booking_id: "s", reason: "s", options: "a{sv}") -> "a{sv}":
+        opts = parse_options(options, CHANGE_OPTIONS)
+        caller, admin = await self._owner_or_admin(booking_id)
+        return self._record(self.engine.cancel_booking(caller, booking_id, reason, admin,
+                                                       opts.get("OpID", ""),
+                                                       opts.get("DryRun", False)))
+
+    @dbus_method()
+    @bus_errors
+    def Usage(self, options: "a{sv}") -> "s":
+        """GPU-hours held, used and idle per user (``ByGPU``: per GPU, with mean load),
+        from ``SinceUSec`` (default: 7 days ago) to ``UntilUSec`` (default: now); ``UID``:
+        one user.  JSON: a list of rows."""
+        opts = parse_options(options, USAGE_OPTIONS)
+        now = self.engine.clock()
+        since, until = opts.get("SinceUSec", now - 7 * DAY_USEC), opts.get("UntilUSec", now)
+        check_instant("SinceUSec", since)
+        check_instant("UntilUSec", until)
+        if since >= until:
+            raise InvalidRequest("SinceUSec must be before UntilUSec")
+        return json.dumps(self.engine.usage(since, until, opts.get("UID"), opts.get("ByGPU", False)))
+
+    @dbus_method()
+    @bus_errors
+    def Metrics(self) -> "s":
+        """The daemon's metrics in the Prometheus text format (``gpuctl metrics``)."""
+        if self.metrics is None:
+            raise InvalidRequest("this daemon keeps no metrics")
+        return self.metrics.text()
+
+    @dbus_method()
+    @bus_errors
+    async def Diagnose(self) -> "s":
+        """The daemon's own checks for ``gpuctl doctor``, as JSON: a list of records."""
+        if self.diagnose is None:
+            raise InvalidRequest("this daemon does not diagnose itself")
+        return json.dumps(await self.diagnose())
+
+    @dbus_method()
+    @bus_errors
+    async def ReportJob(self, booking_id: "s", state: "s", exit_code: "i", detail: "s") -> "a{sv}":
+        """The owner's runner reports the state of the booking's command."""
+        caller = await self.credentials.caller()
+        return self._record(self.engine.report_job(caller, booking_id, state, exit_code, detail))
+
+    @dbus_method()
+    @bus_errors
+    async def ListBookings(self, options: "a{sv}") -> "s":
+        """The caller's bookings (``All``: everyone's), live ones and those ended since
+        ``SinceUSec`` (default: 24 hours ago), by start; ``Offset``/``Limit`` page.  JSON,
+        as Describe: 5,000 records of 22 variants each are slow to decode in a client."""
+        opts = list_filter(options)
+        uid = None if opts.get("All") else (await self.credentials.caller()).uid
+        found = self.engine.bookings(uid, opts.get("SinceUSec"), opts.get("UntilUSec"))
+        offset = opts.get("Offset", 0)
+        page = found[offset: offset + opts["Limit"]] if "Limit" in opts else found[offset:]
+        gpus = self.engine.ledger.gpus
+        self._texts.forget_missing(self.engine.calendar.bookings)
+        return "[" + ", ".join(self._texts.text(b, gpus, *self._claim_of(b)) for b in page) + "]"
+
+    @dbus_method()
+    @bus_errors
+    def GetBooking(self, booking_id: "s") -> "a{sv}":
+        return self._record(self.engine.booking(booking_id))
+
+    @dbus_method()
+    @bus_errors
+    def FindSlots(self, options: "a{sv}", count: "u") -> "aa{sv}":
+        """The earliest ``count`` starts where a booking would fit (read-only)."""
+        if not 1 <= count <= MAX_SLOTS:
+            raise InvalidRequest(f"count must be from 1 to {MAX_SLOTS}")
+        request, _, _ = booking_request(options, self._gpu_uuid)
+        gpus = self.engine.ledger.gpus
+        return [{"StartUSec": Variant("t", start),
+                 "EndUSec": Variant("t", start + request.duration_usec),
+                 "GPUUUIDs": Variant("as", list(on)),
+                 "GPUIndices": Variant("au", [gpus[u].index for u in on])}
+                for start, on in self.engine.slots(request, count)]
+
+    @dbus_method()
+    @bus_errors
+    async def AddBlackout(self, start_usec: "t", end_usec: "t", reason: "s") -> "sas":
+        caller = await self._manager()
+        blackout, inside = self.engine.add_blackout(caller, start_usec, end_usec, reason)
+        return [blackout.id, [b.id for b in inside]]
+
+    @dbus_method()
+    @bus_errors
+    async def RemoveBlackout(self, blackout_id: "s") -> "":
+        self.engine.remove_blackout(await self._manager(), blackout_id)
+
+    @dbus_method()
+    @bus_errors
+    def ListBlackouts(self) -> "aa{sv}":
+        return [blackout_record(b) for b in sorted(self.engine.calendar.blackouts.values(),
+                                                     key=lambda b: b.start_usec)]
+
+    @dbus_method()
+    @bus_errors
+    async def AddNotice(self, text: "s", until_usec: "t") -> "s":
+        return self.engine.add_notice(await self._manager(), text, until_usec).id
+
+    @dbus_method()
+    @bus_errors
+    async def RemoveNotice(self, notice_id: "s") -> "":
+        self.engine.remove_notice(await self._manager(), notice_id)
+
+    @dbus_method()
+    @bus_errors
+    def ListNotices(self) -> "aa{sv}":
+        return [notice_record(n) for n in self.engine.notices()]
+
+    # -- signals -----------------------------------------------------------------------
+    @dbus_signal()
+    def NoticeAdded(self, notice_id: str, text: str) -> "ss":
+        return [notice_id, text]
+
+    @dbus_signal()
+    def ClaimNew(self, claim_id: str, path: str) -> "so":
+        return [claim_id, path]
+
+    @dbus_signal()
+    def ClaimRemoved(self, claim_id: str, path: str, reason: str) -> "sos":
+        return [claim_id, path, reason]
+
+    @dbus_signal()
+    def LevelChanged(self, check: str, old: str, new: str, reason: str) -> "ssss":
+        return [check, old, new, reason]
+
+    # -- properties --------------------------------------------------------------------
+    @dbus_property(access=R)
+    def Version(self) -> "s":
+        return __version__
+
+    @dbus_property(access=R)
+    def Mode(self) -> "s":
+        return self.mode
+
+    @dbus_property(access=R)
+    def Backend(self) -> "s":
+        return self.engine.backend.name
+
+    @dbus_property(access=R)
+    def BackendNote(self) -> "s":
+        return self.engine.backend_note
+
+    @dbus_property(access=R)
+    def Features(self) -> "as":
+        return FEATURES + (["isolation"] if self.engine.scopes is not None else [])
+
+    @dbus_property(access=R)
+    def NGPUs(self) -> "u":
+        return len(self.engine.ledger.gpus)
+
+    @dbus_property(access=R)
+    def FreeGPUs(self) -> "u":
+        return self.engine.free_count()
+
+    @dbus_property(access=R)
+    def NClaims(self) -> "u":
+        return len(self.engine.ledger.claims)
+
+    @dbus_property(access=R)
+    def NQueued(self) -> "u":
+        return self.engine.ledger.queued_count()
+
+    @dbus_property(access=R)
+    def HealthLevel(self) -> "s":
+        return self.health.health
+
+    @dbus_property(access=R)
+    def Levels(self) -> "a{ss}":
+        return self.health.levels()
+
+    # -- shared by the Manager and Claim objects ---------------------------------------
+    async def release(self, claim_id: str, flags: int) -> list[str]:
+        if flags & ~RELEASE_FLAGS:
+            raise InvalidRequest(f"unknown release flags {flags & ~RELEASE_FLAGS:#x}")
+        return await self._release(claim_id, force=bool(flags & RELEASE_FORCE),
+                                   dry_run=bool(flags & RELEASE_DRY_RUN))
+
+    async def _release(self, claim_id: str, force: bool, reason: str = "",
+                       dry_run: bool = False) -> list[str]:
+        """The claim's user (or root) may release it; anyone else needs release-other."""
+        caller = await self.credentials.caller()
+        claim = self.engine.ledger.get(claim_id)
+        admin = caller.uid not in (0, claim.uid)
+        if admin:
+            await self.authority.check(current_call.get(), caller.uid, RELEASE_OTHER, {
+                "claim": claim_id, "owner_uid": str(claim.uid), "force": str(force).lower()})
+        return await self.engine.release(caller, claim_id, force=force, reason=reason,
+                                         admin=admin, dry_run=dry_run)
+
+    # -- internals ---------------------------------------------------------------------
+    async def _owner_or_admin(self, booking_id: str):
+        """The caller, and whether they act as an administrator (not the booking's own
+        user: that needs ``manage``)."""
+        caller = await self.credentials.caller()
+        booking = self.engine.booking(booking_id)
+        admin = caller.uid not in (0, booking.uid)
+        if admin:
+            try:
+                await self.authority.check(current_call.get(), caller.uid, MANAGE, {
+                    "booking": booking_id, "owner_uid": str(booking.uid)})
+            except (AccessDenied, InteractionRequired) as exc:
+                whose = f"{booking_id} is {booking.user or f'uid {booking.uid}'}'s booking"
+                if isinstance(exc, InteractionRequired):
+                    whose += (": changing it is an administrator's, who must authenticate "
+                              "(on a terminal, gpuctl asks)")
+                raise NotClaimOwner(whose) from None
+        return caller, admin
+
+    async def _manager(self):
+        caller = await self.credentials.caller()
+        await self.authority.check(current_call.get(), caller.uid, MANAGE, {})
+        return caller
+
+    def _gpu_uuid(self, name: str) -> str:
+        return self.engine.ledger.gpu_by_name(name).uuid
+
+    def _record(self, booking) -> dict:
+        return booking_record(booking_fields(booking, self.engine.ledger.gpus,
+                                             *self._claim_of(booking)))
+
+    def _claim_of(self, booking) -> tuple[str, list[str]]:
+        """An active booking's claim state, and the claims it waits for."""
+        ledger = self.engine.ledger
+        claim = ledger.claims.get(booking.id)
+        if claim is None:
+            return "", []
+        if claim.state != "queued":
+            return claim.state, []
+        holding = {c.id for u in booking.gpus for c in ledger.claims_on(u)}
+        return claim.state, sorted(holding)
+
+    def _user_object(self, uid: int) -> UserInterface:
+        iface = self._users.get(uid)
+        if iface is None:
+            iface = self._users[uid] = UserInterface()
+            self.bus.export(user_path(uid), iface)
+        return iface
+
+    def _publish_calendar(self, items: list) -> list[tuple]:
+        """Signals for booking events (on their owner's path) and notices."""
+        out = []
+        for item in items:
+            if isinstance(item, Notice):
+                out.append((self.NoticeAdded, item.id, item.text))
+            else:
+                b = item.booking
+                out.append((self._user_object(b.uid).BookingChanged, b.id, item.what,
+                            self._record(b)))
+        return out
+
+    def _export_checks(self) -> None:
+        """(Re-)export one object per configured check (again after a reload)."""
+        for name, iface in self._checks.items():
+            self.bus.unexport(check_path(name), iface)
+        self._checks = {s["name"]: CheckInterface(s) for s in self.health.states()}
+        for name, iface in self._checks.items():
+            self.bus.export(check_path(name), iface)
+
+    def _publish_levels(self, events: list[health_levels.LevelChanged]) -> None:
+        for e in events:
+            self.LevelChanged(e.check, e.old, e.new, e.reason)
+        self.emit_properties_changed({"HealthLevel": self.health.health,
+                                      "Levels": self.health.levels()})
+
+    def _publish_figures(self, states: list[dict]) -> None:
+        if {s["name"] for s in states} != set(self._checks):
+            self._export_checks()
+            return
+        for state in states:
+            self._checks[state["name"]].update(state)
+
+    def _claim_object(self, claim_id: str) -> ClaimInterface | None:
+        """The claim's object, exported now if it was not yet (None: no such claim)."""
+        iface = self._claims.get(claim_id)
+        if iface is None and (claim := self.engine.ledger.claims.get(claim_id)) is not None:
+            iface = self._claims[claim_id] = ClaimInterface(claim, self)
+            self.bus.export(claim_path(claim_id), iface, announce=False)  # see _claim_added
+        return iface
+
+    def _claim_added(self, claim) -> None:
+        """InterfacesAdded for a new claim, from its record: its object need not exist (an
+        interface made without ``__init__`` has the getters and none of dbus-fast's cost)."""
+        iface = self._claims.get(claim.id)
+        if iface is None:
+            iface = ClaimInterface.__new__(ClaimInterface)
+            iface.claim, iface.manager = claim, self
+        self.bus.interfaces_added(claim_path(claim.id), {CLAIM_IFACE: property_values(iface)})
+
+    def _export_claims_for(self, msg: Message) -> bool:
+        """Before dbus-fast dispatches a call, export the claim objects it needs; the call
+        itself is never handled here."""
+        if msg.message_type is not MessageType.METHOD_CALL or not msg.path:
+            return False
+        if msg.path.startswith(CLAIM_PREFIX):
+            self._claim_object(msg.path[len(CLAIM_PREFIX):])
+        elif msg.member == "GetManagedObjects" or (
+                msg.member == "Introspect" and CLAIM_PREFIX.startswith(msg.path.rstrip("/") + "/")):
+            for claim_id in self.engine.ledger.claims:
+                self._claim_object(claim_id)
+        return False
+
+    def _publish(self, events: list[Event]) -> None:
+        """Signals and PropertiesChanged for a batch of engine events, each once.
+
+        They go out (with the values of now) just after the reply to the call that caused
+        them, so the caller is not kept waiting while the bus routes them; but a waiter's
+        ``Granted`` or ``Cancelled`` goes at once, in the same write as that reply: a
+        waiter served by a release is the next link of a chain of processes taking turns,
+        and need not wait behind the other signals and the audit lines.  A claim whose
+        signals are due gets its object first (``_claim_object``); the others get theirs
+        when a call needs it (``_export_claims_for``)."""
+        out: list[tuple] = []  # (function, args), in order
+        touched_gpus: set[str] = set()
+        touched_pools: set[str] = set()
+        calendar = [e for e in events if isinstance(e, (BookingEvent, Notice))]
+        if calendar:
+            out += self._publish_calendar(calendar)
+        use = [e for e in events if isinstance(e, GpuUseChanged)]
+        for event in use:
+            touched_gpus.update(event.gpus)
+        if calendar or use:
+            events = [e for e in events
+                      if not isinstance(e, (BookingEvent, Notice, GpuUseChanged))]
+        for event in events:
+            claim = event.claim
+            self.view.changed(claim.id)  # whatever the event, the record changed
+            if isinstance(event, ClaimQueued):  # its object is made when a call needs it
+                self._waiting.add(claim.id)
+                out.append((self._claim_added, claim))
+                out.append((self.ClaimNew, claim.id, claim_path(claim.id)))
+            elif isinstance(event, ClaimGranted) and claim.id not in self._waiting:
+                out.append((self._claim_added, claim))
+                out.append((self.ClaimNew, claim.id, claim_path(claim.id)))
+            elif isinstance(event, ClaimGranted):  # a waiter served: from its path, object or not
+                self._waiting.discard(claim.id)
+                self._tell_waiter(claim)  # (now: see above)
+                out.append((self.bus.emit, claim_path(claim.id), PROPERTIES_IFACE,
+                            "PropertiesChanged", "sa{sv}as", [CLAIM_IFACE, changed_values(
+                                ClaimInterface, {"State": claim.state,
+                                                 "GPUUUIDs": list(claim.gpus)}), []]))
+            elif isinstance(event, ClaimReleased):
+                iface = self._claims.pop(claim.id, None)
+                if claim.id in self._waiting:  # it left the queue ungranted
+                    self._waiting.discard(claim.id)
+                    self._tell_waiter(claim, event.reason)
+                if iface is not None:
+                    out.append((self.bus.unexport, claim_path(claim.id), iface, False))
+                out.append((self.bus.interfaces_removed, claim_path(claim.id), (CLAIM_IFACE,)))
+                out.append((self.ClaimRemoved, claim.id, claim_path(claim.id), event.reason))
+            elif claim.id not in self.engine.ledger.claims:
+                continue  # it ended in the same batch: no object speaks for it any more
+            elif isinstance(event, OwnerDied):
+                out.append((self._claim_object(claim.id).emit_properties_changed,
+                            {"OwnerAlive": False}))
+            elif isinstance(event, MembersChanged):
+                out.append((self._claim_object(claim.id).emit_properties_changed,
+                            {"MemberPIDs": sorted(m.pid for m in claim.members)}))
+            elif isinstance(event, ReclaimAsked):
+                iface = self._claim_object(claim.id)
+                out.append((iface.emit_properties_changed, {"ReclaimRequested": True}))
+                out.append((iface.reclaim_requested, event.waiter.id, event.waiter.priority))
+            elif isinstance(event, ReclaimWithdrawn):
+                iface = self._claim_object(claim.id)
+                out.append((iface.emit_properties_changed, {"ReclaimRequested": False}))
+                out.append((iface.ReclaimWithdrawn,))
+            elif isinstance(event, UntilChanged):
+                out.append((self._claim_object(claim.id).emit_properties_changed,
+                            {"UntilUSec": claim.until_usec,
+                             "UntilBooking": claim.until_booking}))
+            elif isinstance(event, Relabelled):
+                out.append((self._claim_object(claim.id).emit_properties_changed,
+                            {"Label": claim.label}))
+            elif isinstance(event, StopAsked):
+                out.append((self._claim_object(claim.id).StopRequested, event.by, event.reason))
+            elif isinstance(event, ClaimEnding):
+                out.append((self._claim_object(claim.id).Ending, claim.until_usec,
+                            claim.until_booking))
+                if claim.mode == BOOKING and claim.id in self.engine.calendar.bookings:
+                    booking = self.engine.calendar.bookings[claim.id]
+                    out.append((self._user_object(claim.uid).BookingChanged, claim.id,
+                                "ending", self._record(booking)))
+            if isinstance(event, (ClaimGranted, ClaimReleased)):
+                touched_gpus.update(claim.gpus)
+                touched_pools.update(name for name, _ in claim.demand.pools)
+        for uuid in touched_gpus:
+            gpu = self._gpus[uuid]
+            out.append((gpu.emit_properties_changed, {
+                "State": gpu.State, "ClaimID": gpu.ClaimID, "VRAMUsedBytes": gpu.VRAMUsedBytes}))
+        totals = [name for name in touched_pools if self._totals.due_now(name)]
+        if (use or any(isinstance(e, (ClaimQueued, ClaimGranted, ClaimReleased))
+                       for e in events)) and self._totals.due_now(MANAGER_PATH):
+            totals.append(MANAGER_PATH)
+        if totals:
+            out.append((self._announce_totals, totals))
+        self.engine.after_reply(self._run_all, out)
+
+    def _tell_waiter(self, claim, left: str = "") -> None:
+        """A waiting claim's outcome, its grant (or why it ``left`` the queue ungranted):
+        the reply to the call that made it with ReplyWhenGranted (with the warnings of
+        its claiming, and of its grant until a booking), or else its Granted or Cancelled
+        signal, to the connection that made it."""
+        path = claim_path(claim.id)
+        call, warnings = self.held.pop(claim.id)
+        if call is None and left:
+            self.bus.emit(path, CLAIM_IFACE, "Cancelled", "s", [left], claim.reply_to)
+        elif call is None:
+            self.bus.emit(path, CLAIM_IFACE, "Granted", "a{sv}", [self.view.grant(claim)],
+                          claim.reply_to)
+        elif left:
+            self.bus.send(error_reply(call, left_the_queue(claim.id, left)))
+        else:
+            self.bus.send(Message.new_method_return(
+                call, "soa{sv}", [claim.id, path, self.view.grant(
+                    claim, [*warnings, *self.engine.until_warning(claim)])]))
+
+    def _announce_totals(self, keys: list[str]) -> None:
+        """PropertiesChanged of the totals ``keys`` name (the Manager's path, pool names),
+        with their values now; at most once per key and ``throttle.INTERVAL``."""
+        with self.bus.batch():
+            for key in keys:
+                if key == MANAGER_PATH:
+                    self.emit_properties_changed({
+                        "FreeGPUs": self.engine.free_count(),
+                        "NClaims": len(self.engine.ledger.claims),
+                        "NQueued": self.engine.ledger.queued_count()})
+                elif key in self._pools:  # (gone after a reload that removed it)
+                    self._pools[key].emit_properties_changed({"Free": self._pools[key].Free})
+
+    @staticmethod
+    def _run_all(calls: list[tuple]) -> None:
+        """The calls ``_publish`` gathered, in order."""
+        for fn, *args in calls:
+            fn(*args)
+
+
+def _report(r: GpuReport, isolated: bool) -> dict:
+    """One GPU's verify report as a{sv} (processes as aa{sv}: Pid, UsedMemoryBytes, UID,
+    User, Command, Claim, Ambiguous, Container); ``isolated``: its claim's."""
+    processes = [
+        {
+            "Pid": Variant("u", p.pid),
+            "UsedMemoryBytes": Variant("t", p.used_memory_bytes),
+            "UID": Variant("i", p.uid),
+            "User": Variant("s", p.user),
+            "Command": Variant("s", p.command),
+            "Claim": Variant("s", p.claim_id),
+            "Ambiguous": Variant("s", p.ambiguous),
+            "Container": Variant("s", p.container),
+        }
+        for p in r.processes
+    ]
+    return {
+        "UUID": Variant("s", r.uuid),
+        "Alias": Variant("s", r.alias),
+        "Index": Variant("i", r.index),
+        "Status": Variant("s", r.status),
+        "Claim": Variant("s", r.claim_id),
+        "Isolated": Variant("b", isolated),
+        "Detail": Variant("s", r.detail),
+        "Processes": Variant("aa{sv}", processes),
+    }

@@ -1,0 +1,1 @@
+"""The resourced-notify service: desktop notifications of health levels and the calendar."""

@@ -1,0 +1,67 @@
+"""Bus names, object paths and interface names: the fixed contract with clients."""
+
+import os.path
+
+BUS_NAME = "org.resourced"
+MANAGER_PATH = "/org/resourced"
+MANAGER_IFACE = "org.resourced.Manager"
+GPU_IFACE = "org.resourced.GPU"
+CLAIM_IFACE = "org.resourced.Claim"
+BUS_DRIVER = {"destination": "org.freedesktop.DBus", "path": "/org/freedesktop/DBus",
+              "interface": "org.freedesktop.DBus"}
+"""The bus itself, as the daemon calls it: ``Message(**BUS_DRIVER, member=...)``."""
+
+JSON_SCHEMA = 1
+"""The version of the JSON the daemon and gpuctl emit (Describe, status/verify --json):
+keys are added, never renamed or removed, within one version; all keys are snake_case."""
+RELEASE_FORCE = 1 << 0
+"""Release flag: skip the in-use check."""
+RELEASE_DRY_RUN = 1 << 1
+"""Release flag: make every check, release nothing."""
+
+
+def gpu_path(index: int) -> str:
+    return f"{MANAGER_PATH}/gpu/{index}"
+
+
+CLAIM_PREFIX = f"{MANAGER_PATH}/claim/"
+
+
+def claim_path(claim_id: str) -> str:
+    return CLAIM_PREFIX + claim_id
+
+CHECK_IFACE = "org.resourced.Check"
+
+
+def escape_element(name: str) -> str:
+    """An object path element for any name: bytes outside [A-Za-z0-9] become _xx (hex)."""
+    return "".join(
+        chr(b) if chr(b).isascii() and chr(b).isalnum() else f"_{b:02x}" for b in name.encode()
+    ) or "_"
+
+
+def check_path(name: str) -> str:
+    return f"{MANAGER_PATH}/check/{escape_element(name)}"
+
+POOL_IFACE = "org.resourced.Pool"
+
+
+def pool_path(name: str) -> str:
+    return f"{MANAGER_PATH}/pool/{escape_element(name)}"
+
+USER_IFACE = "org.resourced.User"
+USER_PREFIX = f"{MANAGER_PATH}/user/"
+
+
+def user_path(uid: int) -> str:
+    """Where signals about one user's bookings go: only that user's clients listen."""
+    return f"{USER_PREFIX}{uid}"
+
+
+SHARED_SOCKET = "bus"
+"""The socket of a shared bus (``resourced --shared DIR``), inside DIR."""
+
+
+def shared_bus_address(directory) -> str:
+    """The D-Bus address of the shared bus in ``directory``."""
+    return f"unix:path={os.path.join(directory, SHARED_SOCKET)}"
