@@ -65,6 +65,7 @@ def context(c) -> dict:
     """``gpuctl agent context --json``: me, what I hold, what is free, the next places for
     one and for all GPUs, the queue, health, notices, limits and the commands to use."""
     from resourced.client.bookings import now_usec
+    from resourced.linux.users import user_name
 
     state = c.status()
     now = now_usec()
@@ -129,15 +130,6 @@ def my_session() -> str:
     return os.environ.get("RESOURCED_SESSION") or f"sid:{os.getsid(0)}"
 
 
-def user_name(uid: int) -> str:
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
 def recommend(c, duration, gpus: int | None = None, vram=None, ram=None, cpu=None) -> dict:
     """Where and when this would fit, nothing taken: ``{"fits": False, "reason"}``, or
     ``{"fits": True, "now": True, "gpu_indices", "command"}`` (a ``gpuctl run`` to copy),
@@ -146,8 +138,8 @@ def recommend(c, duration, gpus: int | None = None, vram=None, ram=None, cpu=Non
     nothing asked for is one whole GPU."""
     import shlex
 
-    from resourced.client.bookings import now_usec, span
-    from resourced.client.sync import memory_and_counts
+    from resourced.client.arguments import memory_and_counts, span
+    from resourced.client.bookings import now_usec
     from resourced.core.clock import whole_second
     from resourced.protocol.amounts import format_bytes
     from resourced.protocol.when import format_span

@@ -382,8 +382,8 @@ def main(argv: list[str] | None = None) -> None:
         description="resourced's tools for coding agents: an MCP server on stdio, as you.")
     parser.add_argument("--bus", choices=("session", "system", "shared"), default=None,
                         help="Which bus (default: $RESOURCED_BUS, else the shared bus of "
-                             "`gpuctl connect`, else the session bus if a daemon runs there, "
-                             "else the system bus).")
+                             "`gpuctl connect`, else the session bus if a daemon runs or can "
+                             "start there, else the system bus).")
     parser.add_argument("--version", action="version", version=f"resourced-mcp {__version__}")
     args = parser.parse_args(argv)
     try:

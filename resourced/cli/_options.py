@@ -9,7 +9,8 @@ def bus_option(fn):
     return click.option(
         "--bus", type=click.Choice(["session", "system", "shared"]), default=None,
         help="Which bus to use (default: $RESOURCED_BUS, else the shared bus of `gpuctl "
-        "connect`, else the session bus if a daemon runs there, else the system bus).",
+        "connect`, else the session bus if a daemon runs or can start there, else the system "
+        "bus).",
     )(fn)
 
 

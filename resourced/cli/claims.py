@@ -222,7 +222,7 @@ def _forward_reclaim_requests(bus: str, ref: str, pid: int, signum: int) -> None
     from jeepney.io.blocking import open_dbus_connection
     from jeepney.low_level import HeaderFields
 
-    from resourced.client.sync import bus_address
+    from resourced.client.discovery import bus_address
     from resourced.protocol.names import BUS_NAME, CLAIM_IFACE, claim_path
 
     fields = dict(type="signal", interface=CLAIM_IFACE, path=claim_path(ref))

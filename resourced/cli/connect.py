@@ -51,10 +51,9 @@ def connect(directory, forget, no_check, as_json):
 
 def _check(directory: Path) -> dict:
     """Connect to the bus in ``directory`` as every later call will; who hosts it."""
-    import pwd
-
     from resourced.client import discovery
     from resourced.client.sync import Client
+    from resourced.linux.users import user_name
 
     saved = os.environ.get(discovery.ADDRESS_VARIABLE)
     os.environ[discovery.ADDRESS_VARIABLE] = shared_bus_address(directory)
@@ -67,11 +66,7 @@ def _check(directory: Path) -> dict:
         else:
             os.environ[discovery.ADDRESS_VARIABLE] = saved
     uid = directory.stat().st_uid
-    try:
-        host = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        host = str(uid)
-    return {"host": host, "host_uid": uid, "gpus": gpus}
+    return {"host": user_name(uid), "host_uid": uid, "gpus": gpus}
 
 
 def _say(as_json: bool, data: dict, text: str) -> None:

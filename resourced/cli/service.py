@@ -9,18 +9,17 @@ that a script does not go on as if the service were running.
 
 import contextlib
 import os
-import pwd
 import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import click
 
 from resourced.exits import EXIT_FAILURE, EXIT_NO_SYSTEMD, EXIT_USAGE, GpuctlError
 from resourced.linux import install
+from resourced.linux.users import user_name
 
 # 9 is gpuctl's "still in use"; this belongs in _errors.py and the README's table.
 # sd_booted(): this directory exists exactly when systemd is the running init.
@@ -218,20 +217,11 @@ def _print_plan(plan: install.Plan, would_run: bool) -> None:
 
 
 def _write(f: install.FileToWrite) -> None:
-    """Write atomically: a temporary file beside the destination, then rename it over."""
+    from resourced.linux.atomic_file import write_atomically
+
     try:
         f.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=f.path.parent, prefix=f".{f.path.name}.")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(f.content)
-                out.flush()
-                os.fsync(out.fileno())
-            os.chmod(tmp, f.mode)
-            os.replace(tmp, f.path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_atomically(f.path, f.content, f.mode)
     except OSError as exc:
         raise GpuctlError(f"cannot write {f.path}: {exc.strerror}") from exc
 
@@ -261,7 +251,7 @@ def _run(cmd: install.Command) -> None:
 
 def _note_lingering(shared: bool) -> None:
     """A user service stops at logout unless lingering is on for the user."""
-    name = pwd.getpwuid(os.getuid()).pw_name
+    name = user_name(os.getuid())
     if not SYSTEMD_RUNTIME.is_dir() or (LINGER_DIR / name).exists():
         return
     if shared:  # the host has no sudo, often; logind lets an active session linger itself

@@ -16,6 +16,8 @@ from jeepney import DBusAddress, new_method_call
 from resourced.errors import InvalidRequest
 from resourced.protocol.names import BUS_NAME, MANAGER_IFACE, MANAGER_PATH
 
+from .arguments import UINT32_MAX, bus_string, bus_whole, memory_and_counts, session_option, span
+
 _MANAGER = DBusAddress(MANAGER_PATH, bus_name=BUS_NAME, interface=MANAGER_IFACE)
 USEC_MAX = 2**64 - 1
 
@@ -66,35 +68,20 @@ def instant(name: str, value, now: int | None = None) -> int:
     raise InvalidRequest(f"{name} must be a time (text, datetime or epoch seconds), not {value!r}")
 
 
-def span(name: str, value) -> int:
-    """A duration as microseconds (more than 0)."""
-    from resourced.protocol.when import parse_duration
-
-    if isinstance(value, str):
-        try:
-            value = parse_duration(value)
-        except ValueError as exc:
-            raise InvalidRequest(f"{name}: {exc}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 2**63 / 1e6:
-        raise InvalidRequest(f"{name} must be more than 0 seconds, not {value!r}")
-    return int(value * 1_000_000)
-
-
 def request_options(gpus=None, duration=None, start=None, gpu_names=None, exclude=None,
                     vram=None, ram=None, cpu=None, pools=None, exclusive=None, op_id=None,
                     label=None, task_name=None, earliest=False, dry_run=False, vram_mb=None,
                     ram_mb=None, isolate=None) -> dict:
     """``Book``/``EditBooking``/``FindSlots`` options; None leaves a key out (an edit then
     keeps the booking's value)."""
-    from .sync import UINT32_MAX, _text, _whole, memory_and_counts
 
     options = {}
     if gpus is not None:
-        options["GPUs"] = ("u", _whole("gpus", gpus, 0, UINT32_MAX))
+        options["GPUs"] = ("u", bus_whole("gpus", gpus, 0, UINT32_MAX))
     if gpu_names is not None:
-        options["GPUNames"] = ("as", [_text("GPU", str(g)) for g in gpu_names])
+        options["GPUNames"] = ("as", [bus_string("GPU", str(g)) for g in gpu_names])
     if exclude is not None:
-        options["Exclude"] = ("as", [_text("GPU", str(g)) for g in exclude])
+        options["Exclude"] = ("as", [bus_string("GPU", str(g)) for g in exclude])
     vram, amounts = memory_and_counts(vram, ram, cpu, pools, vram_mb, ram_mb)
     if vram is not None:
         options["VRAMBytes"] = ("t", vram)
@@ -115,7 +102,7 @@ def request_options(gpus=None, duration=None, start=None, gpu_names=None, exclud
     for key, name, value in (("OpID", "op id", op_id), ("Label", "label", label),
                              ("TaskName", "task name", task_name)):
         if value is not None:
-            options[key] = ("s", _text(name, value))
+            options[key] = ("s", bus_string(name, value))
     return options
 
 
@@ -124,13 +111,11 @@ def call(method: str, signature: str | None = None, body: tuple = ()):
 
 
 def book_message(session=None, **request):
-    from .sync import session_option
 
     return call("Book", "a{sv}", ({**request_options(**request), **session_option(session)},))
 
 
 def list_message(all_users=False, since=None, until=None, offset=0, limit=None):
-    from .sync import UINT32_MAX, _whole
 
     options = {"All": ("b", bool(all_users))}
     if since is not None:
@@ -138,45 +123,40 @@ def list_message(all_users=False, since=None, until=None, offset=0, limit=None):
     if until is not None:
         options["UntilUSec"] = ("t", instant("until", until))
     if offset:
-        options["Offset"] = ("u", _whole("offset", offset, 0, UINT32_MAX))
+        options["Offset"] = ("u", bus_whole("offset", offset, 0, UINT32_MAX))
     if limit is not None:
-        options["Limit"] = ("u", _whole("limit", limit, 1, 10_000))
+        options["Limit"] = ("u", bus_whole("limit", limit, 1, 10_000))
     return call("ListBookings", "a{sv}", (options,))
 
 
 def ref_message(method: str, ref: str, *rest: tuple[str, object]):
-    from .sync import _text
 
     signature = "s" + "".join(sig for sig, _ in rest)
-    return call(method, signature, (_text("reference", ref), *(v for _, v in rest)))
+    return call(method, signature, (bus_string("reference", ref), *(v for _, v in rest)))
 
 
 def slots_message(count: int, **request):
-    from .sync import _whole
 
     return call("FindSlots", "a{sv}u", (request_options(**request),
-                                         _whole("count", count, 1, 20)))
+                                         bus_whole("count", count, 1, 20)))
 
 
 def blackout_message(start, end, reason: str):
-    from .sync import _text
 
     return call("AddBlackout", "tts", (instant("start", start), instant("end", end),
-                                       _text("reason", reason)))
+                                       bus_string("reason", reason)))
 
 
 def notice_message(text: str, until=None):
-    from .sync import _text
 
-    return call("AddNotice", "st", (_text("text", text),
+    return call("AddNotice", "st", (bus_string("text", text),
                                     0 if until is None else instant("until", until)))
 
 
 def change_options(op_id: str = "", dry_run: bool = False) -> tuple[str, dict]:
     """The a{sv} of CancelBooking."""
-    from .sync import _text
 
-    options = {"OpID": ("s", _text("op id", op_id))} if op_id else {}
+    options = {"OpID": ("s", bus_string("op id", op_id))} if op_id else {}
     if dry_run:
         options["DryRun"] = ("b", True)
     return "a{sv}", options

@@ -1,6 +1,12 @@
-"""How a client finds a shared bus (``resourced --shared DIR``) and decides to trust it.
+"""Which bus a client uses, the one order for gpuctl, both clients, the services and the
+MCP server; and how it finds a shared bus and decides to trust it.
 
-The address is ``$RESOURCED_BUS_ADDRESS``, else the directory that ``gpuctl connect DIR``
+The order: the bus named (``bus=``, ``--bus``), else ``$RESOURCED_BUS``; else the shared
+bus this account is connected to; else the session bus, where ``org.resourced`` runs or
+can be started (an activation file, as ``gpuctl service enable --user`` installs); else
+the system bus.
+
+A shared bus's address is ``$RESOURCED_BUS_ADDRESS``, else the directory that ``gpuctl connect DIR``
 wrote into ``$XDG_CONFIG_HOME/resourced/client.toml``. The host is the owner of that
 directory: a client talks to ``org.resourced`` there only if that account owns the name,
 so nobody else can stand in for the service while it is down. Light on imports (no
@@ -8,17 +14,66 @@ pathlib: paths are strings here), as every client start may read this.
 """
 
 import os
-import pwd
 from collections import namedtuple
 
-from resourced.errors import AccessDenied, DaemonUnreachable
+from resourced.errors import AccessDenied, DaemonUnreachable, InvalidRequest
+from resourced.linux.users import user_name
 from resourced.linux.xdg import base_dir
-from resourced.protocol.names import SHARED_SOCKET, shared_bus_address
+from resourced.protocol.names import BUS_NAME, SHARED_SOCKET, shared_bus_address
 
 from .sandbox import refused
 
+BUSES = ("session", "system", "shared")
 ADDRESS_VARIABLE = "RESOURCED_BUS_ADDRESS"
 CLIENT_FILE = "client.toml"
+
+
+def named_bus(bus: str | None, environ=os.environ) -> str | None:
+    """The bus named by the caller, else by ``$RESOURCED_BUS``; None: none is."""
+    bus = bus or environ.get("RESOURCED_BUS") or None
+    if bus is not None and bus not in BUSES:
+        raise InvalidRequest(f"bus must be 'session', 'system' or 'shared', not {bus!r}")
+    return bus
+
+
+def preset_bus(bus: str | None, environ=os.environ) -> str | None:
+    """The bus the order gives without asking any: the one named, else the shared bus
+    when this account is connected to one.  None: ask the session bus (``serves``)."""
+    bus = named_bus(bus, environ)
+    if bus is None and configured(environ):
+        return "shared"
+    return bus
+
+
+def serves(owned: bool, activatable: list[str]) -> bool:
+    """Whether the session bus is the one: ``org.resourced`` owned there (NameHasOwner),
+    or among the names it can start (ListActivatableNames)."""
+    return owned or BUS_NAME in activatable
+
+
+def bus_address(bus: str) -> str:
+    """What jeepney opens for a bus by name: SESSION, SYSTEM, or the shared bus's address
+    (for connections that only listen; ``Client`` also checks who hosts a shared bus)."""
+    return target().address if bus == "shared" else bus.upper()
+
+
+def choose_bus(bus: str | None) -> str:
+    """The order, asked over a connection of its own: for the services, which choose once
+    at their start and then keep to it."""
+    if chosen := preset_bus(bus):
+        return chosen
+    from jeepney.bus_messages import message_bus
+    from jeepney.io.blocking import open_dbus_connection
+
+    try:
+        with open_dbus_connection("SESSION") as conn:
+            owned = conn.send_and_get_reply(message_bus.NameHasOwner(BUS_NAME), timeout=5)
+            if owned.body and owned.body[0] is True:
+                return "session"
+            names = conn.send_and_get_reply(message_bus.ListActivatableNames(), timeout=5)
+    except (OSError, KeyError, ValueError, TimeoutError, EOFError):
+        return "system"
+    return "session" if serves(False, list(names.body[0]) if names.body else []) else "system"
 
 
 SharedTarget = namedtuple("SharedTarget", "address directory host_uid")
@@ -88,13 +143,6 @@ def _group_of(directory: str) -> str:
         return "its group"
 
 
-def _user(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
-
-
 def not_in_group(directory: str) -> AccessDenied:
     return AccessDenied(f"cannot reach the shared bus in {directory}: permission denied; only "
                         f"members of {_group_of(directory)} may use it (ask its host to add "
@@ -103,7 +151,7 @@ def not_in_group(directory: str) -> AccessDenied:
 
 def unreachable(target: SharedTarget, exc: Exception) -> Exception:
     """What a failed connection to the shared bus means, in words."""
-    host = _user(target.host_uid)
+    host = user_name(target.host_uid)
     if isinstance(exc, PermissionError):
         socket = os.path.join(target.directory, SHARED_SOCKET)
         if os.access(socket, os.R_OK | os.W_OK):  # allowed by its mode: refused by a sandbox
@@ -128,8 +176,8 @@ def check_host(target: SharedTarget, owner_uid: int) -> None:
     """Refuse a service whose name is owned by anyone but the directory's owner."""
     if owner_uid != target.host_uid:
         raise AccessDenied(f"org.resourced on the shared bus in {target.directory} is owned by "
-                           f"{_user(owner_uid)}, not by {_user(target.host_uid)} who owns the "
-                           "directory: not trusting it (tell the host)")
+                           f"{user_name(owner_uid)}, not by {user_name(target.host_uid)} who "
+                           "owns the directory: not trusting it (tell the host)")
 
 
 def write_connection(directory, environ=os.environ):

@@ -20,6 +20,7 @@ from resourced.config import Config, ConfigError, find_config, load_config
 from resourced.core.diagnosis import FAIL, OK, SKIPPED, WARN, check
 from resourced.errors import ResourcedError
 from resourced.linux import install
+from resourced.linux.users import user_name
 
 START = {
     "system": "sudo systemctl start resourced (installed by gpuctl service enable --system)",
@@ -314,9 +315,8 @@ def linger(environ, linger_dir: str = "/var/lib/systemd/linger") -> dict:
         modes = []
     if not modes:
         return check("linger", SKIPPED, "no user service is installed")
-    import pwd
 
-    user = pwd.getpwuid(os.getuid()).pw_name
+    user = user_name(os.getuid())
     if os.path.exists(os.path.join(linger_dir, user)):
         return check("linger", OK, f"lingering is on for {user}: the user service outlives "
                      "logouts")

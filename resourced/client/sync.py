@@ -7,7 +7,8 @@ differ only in how a message travels.
 
 Which bus: ``bus="session"``, ``"system"`` or ``"shared"``, else ``$RESOURCED_BUS``, else
 a shared bus set up for this account (``gpuctl connect DIR`` or ``$RESOURCED_BUS_ADDRESS``),
-else the session bus when ``org.resourced`` is owned there, else the system bus.
+else the session bus when ``org.resourced`` runs or can start there, else the system bus
+(``discovery``: the one order).
 
     >>> from resourced import Client
     >>> with Client() as client:
@@ -57,14 +58,20 @@ from resourced.protocol.names import (
 )
 
 from . import discovery, sandbox, wire
+from .arguments import (
+    INT32,
+    UINT32_MAX,
+    bus_string,
+    bus_whole,
+    demand_options,
+    session_option,
+    span,
+)
 from .discovery import SharedTarget
 from .environment import claim_env
 
 __all__ = ["AsyncClient", "AsyncLease", "Client", "Lease"]
 
-BUSES = ("session", "system")
-"""The buses tried, in order, when none is named (a shared bus set up for the account
-comes first: see ``_Base._shared_target``)."""
 DEFAULT_TIMEOUT = 25.0
 SHORT = (NotEnoughGPUs, NotEnoughCapacity, GPUsBusy)
 """What try_acquire answers with None."""
@@ -106,105 +113,12 @@ START_HINTS = {
 """How to start the daemon on each bus, for the message that says it is not there."""
 
 
-def bus_address(bus: str) -> str:
-    """What jeepney opens for a bus by name: SESSION, SYSTEM, or the shared bus's address
-    (for connections that only listen; ``Client`` also checks who hosts a shared bus)."""
-    return discovery.target().address if bus == "shared" else bus.upper()
-
-
-def requested_bus(bus: str | None) -> str | None:
-    """The bus named by the caller or $RESOURCED_BUS; None means: find it."""
-    bus = bus or os.environ.get("RESOURCED_BUS") or None
-    if bus is not None and bus not in (*BUSES, "shared"):
-        raise InvalidRequest(f"bus must be 'session', 'system' or 'shared', not {bus!r}")
-    return bus
-
-
-def _parsed(parser: str, value, *name: str) -> int:
-    """``resourced.protocol.amounts``' ``parser`` (parse_amount, parse_memory, parse_count) of
-    ``value``; its refusal as InvalidRequest."""
-    from resourced.protocol import amounts
-
-    try:
-        return getattr(amounts, parser)(value, *name)
-    except ValueError as exc:
-        raise InvalidRequest(str(exc)) from None
-
-
-def _whole(name: str, value, low: int, high: int) -> int:
-    """A whole number the bus can carry, or InvalidRequest (never a struct.error later)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidRequest(f"{name} must be a whole number from {low} to {high}, not {value!r}")
-    return value
-
-
-def _text(name: str, value) -> str:
-    """A string the bus accepts: D-Bus strings are UTF-8 without NUL (the bus drops a
-    connection that sends one)."""
-    if not isinstance(value, str):
-        raise InvalidRequest(f"{name} must be a string, not {value!r}")
-    if "\0" in value:
-        raise InvalidRequest(f"{name} must not contain a NUL character")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidRequest(f"{name} is not valid UTF-8 text") from None
-    return value
-
-
-UINT32_MAX = 2**32 - 1
-INT32 = (-(2**31), 2**31 - 1)
-
-
-def session_option(session: str | None) -> dict:
-    """The ``Session`` option: the one given, else ``$RESOURCED_SESSION`` (which an agent
-    sets once and its sub-agents inherit), else none (the daemon then takes the owner
-    process's Unix session)."""
-    if session is None:
-        session = os.environ.get("RESOURCED_SESSION") or None
-    return {} if session is None else {"Session": ("s", _text("session", session))}
-
-
-def memory_and_counts(vram=None, ram=None, cpu=None, pools=None, vram_mb=None, ram_mb=None
-                      ) -> tuple[int | None, dict[str, int]]:
-    """(VRAM bytes or None, pool amounts) from friendly arguments: memory as text with a
-    unit (``"4G"``) or bytes (at least 1 MiB), or in MiB (``vram_mb=``, ``ram_mb=``, the
-    file-lock library's names); cpu a whole count; other pools as ``parse_amount`` reads."""
-    for given, in_mib, name in ((vram, vram_mb, "vram"), (ram, ram_mb, "ram")):
-        if given is not None and in_mib is not None:
-            raise InvalidRequest(f"give {name} or {name}_mb, not both")
-    if vram_mb is not None:
-        vram = _whole("vram_mb", vram_mb, 1, UINT32_MAX) * 1024**2
-    if ram_mb is not None:
-        ram = _whole("ram_mb", ram_mb, 1, UINT32_MAX) * 1024**2
-    amounts = {_text("pool name", name): _parsed("parse_amount", v)
-               for name, v in (pools or {}).items()}
-    if ram is not None:
-        amounts["ram"] = _parsed("parse_memory", ram, "ram")
-    if cpu is not None:
-        amounts["cpu"] = _parsed("parse_count", cpu, "cpu")
-    return None if vram is None else _parsed("parse_memory", vram, "vram"), amounts
-
-
-def demand_options(gpus: int = 0, vram=None, ram=None, cpu=None, pools=None, vram_mb=None,
-                   ram_mb=None) -> tuple[int, dict]:
-    """(gpus, options) for Claim from friendly arguments (``memory_and_counts``)."""
-    options = {}
-    gpus = _whole("gpus", gpus, 0, UINT32_MAX)
-    vram, amounts = memory_and_counts(vram, ram, cpu, pools, vram_mb, ram_mb)
-    if amounts:
-        options["Pools"] = ("a{st}", amounts)
-    if vram is not None:
-        options["VRAMBytes"] = ("t", vram)
-    return gpus, options
-
-
 class _Base:
     """Everything that does not depend on how messages travel."""
 
     def __init__(self, bus: str | None = None, timeout: float = DEFAULT_TIMEOUT,
                  interactive: bool = False):
-        self._requested_bus = requested_bus(bus)
+        self._requested_bus = discovery.named_bus(bus)
         self.timeout = timeout
         self.interactive = interactive
         self.bus: str | None = None  # the bus in use, once connected
@@ -228,18 +142,18 @@ class _Base:
         options.update(session_option(session))
         if dry_run:
             options["DryRun"] = ("b", True)
-        options["Mode"] = ("s", _text("mode", mode))
+        options["Mode"] = ("s", bus_string("mode", mode))
         if owner_pid is not None:
-            options["OwnerPID"] = ("u", _whole("owner pid", owner_pid, 1, UINT32_MAX))
+            options["OwnerPID"] = ("u", bus_whole("owner pid", owner_pid, 1, UINT32_MAX))
         if member_pids:
-            options["MemberPIDs"] = ("au", [_whole("member pid", p, 1, UINT32_MAX)
+            options["MemberPIDs"] = ("au", [bus_whole("member pid", p, 1, UINT32_MAX)
                                             for p in member_pids])
         if label:
-            options["Label"] = ("s", _text("label", label))
+            options["Label"] = ("s", bus_string("label", label))
         if task_name:
-            options["TaskName"] = ("s", _text("task name", task_name))
+            options["TaskName"] = ("s", bus_string("task name", task_name))
         if priority:
-            options["Priority"] = ("i", _whole("priority", priority, *INT32))
+            options["Priority"] = ("i", bus_whole("priority", priority, *INT32))
         if wait:
             options["Wait"] = ("b", True)
         if held:
@@ -251,7 +165,6 @@ class _Base:
         if reclaimable:
             options["Reclaimable"] = ("b", True)
         if duration is not None:
-            from .bookings import span
 
             options["DurationUSec"] = ("t", span("duration", duration))
         return self._call("Claim", "ua{sv}", (gpus, options))
@@ -285,36 +198,37 @@ class _Base:
 
     def _release_message(self, ref: str, force: bool, dry_run: bool = False):
         flags = (RELEASE_FORCE if force else 0) | (RELEASE_DRY_RUN if dry_run else 0)
-        return self._call("Release", "st", (_text("reference", ref), flags))
+        return self._call("Release", "st", (bus_string("reference", ref), flags))
 
     def _stop_message(self, session, uid, reason, dry_run):
         options = {}
         if session is not None:
-            options["Session"] = ("s", _text("session", session))
+            options["Session"] = ("s", bus_string("session", session))
         if uid is not None:
-            options["UID"] = ("u", _whole("uid", uid, 0, UINT32_MAX))
+            options["UID"] = ("u", bus_whole("uid", uid, 0, UINT32_MAX))
         if reason:
-            options["Reason"] = ("s", _text("reason", reason))
+            options["Reason"] = ("s", bus_string("reason", reason))
         if dry_run:
             options["DryRun"] = ("b", True)
         return self._call("Stop", "a{sv}", (options,))
 
     def _claim_job_message(self, job: str, gpus: list[str], uid: int | None, name: str):
-        options = {} if uid is None else {"UID": ("u", _whole("uid", uid, 0, UINT32_MAX))}
+        options = {} if uid is None else {"UID": ("u", bus_whole("uid", uid, 0, UINT32_MAX))}
         if name:
-            options["Name"] = ("s", _text("job name", name))
-        return self._call("ClaimJob", "sasa{sv}", (_text("job id", job),
-                                                   [_text("GPU", g) for g in gpus], options))
+            options["Name"] = ("s", bus_string("job name", name))
+        return self._call("ClaimJob", "sasa{sv}", (bus_string("job id", job),
+                                                   [bus_string("GPU", g) for g in gpus], options))
 
     def _confine_message(self, ref: str, pid: int):
-        return self._call("Confine", "su", (_text("reference", ref),
-                                            _whole("pid", pid, 1, UINT32_MAX)))
+        return self._call("Confine", "su", (bus_string("reference", ref),
+                                            bus_whole("pid", pid, 1, UINT32_MAX)))
 
     def _grant_message(self, ref: str):
-        return self._call("GetGrant", "s", (_text("reference", ref),))
+        return self._call("GetGrant", "s", (bus_string("reference", ref),))
 
     def _release_gpu_message(self, gpu: str, reason: str):
-        return self._call("ReleaseGPU", "ss", (_text("GPU", gpu), _text("reason", reason)))
+        return self._call("ReleaseGPU", "ss", (bus_string("GPU", gpu),
+                                                bus_string("reason", reason)))
 
     @staticmethod
     def _get_property(name: str, path: str = MANAGER_PATH, interface: str = MANAGER_IFACE):
@@ -326,16 +240,17 @@ class _Base:
         return _method_call(_DBUS, "NameHasOwner", "s", (BUS_NAME,))
 
     @staticmethod
+    def _activatable():
+        return _method_call(_DBUS, "ListActivatableNames")
+
+    @staticmethod
     def _owner_uid():
         return _method_call(_DBUS, "GetConnectionUnixUser", "s", (BUS_NAME,))
 
     def _shared_target(self) -> SharedTarget | None:
         """The shared bus to use: named (``bus="shared"``), or set up for this account
         (``gpuctl connect``, $RESOURCED_BUS_ADDRESS) when no bus is named; else None."""
-        if self._requested_bus == "shared" or (self._requested_bus is None
-                                               and discovery.configured()):
-            return discovery.target()
-        return None
+        return discovery.target() if discovery.preset_bus(self._requested_bus) == "shared" else None
 
     def _trust(self, target: SharedTarget, reply) -> None:
         """The host's check: the directory's owner must own org.resourced there."""
@@ -512,7 +427,10 @@ class Client(_Base):
         except (OSError, KeyError, ValueError):
             conn = None
         if conn is not None:
-            if self._body(conn.send_and_get_reply(self._name_has_owner(), timeout=self.timeout))[0]:
+            owned = self._body(conn.send_and_get_reply(self._name_has_owner(),
+                                                       timeout=self.timeout))[0]
+            if owned or discovery.serves(owned, self._body(conn.send_and_get_reply(
+                    self._activatable(), timeout=self.timeout))[0]):
                 return conn, "session"
             conn.close()
         return self._connect(open_dbus_connection, "system"), "system"
@@ -688,7 +606,7 @@ class Client(_Base):
     def release_job(self, job: str) -> list[str]:
         """End Slurm job ``job``'s claim; returns the references ended (none if it had
         none).  ``gpuctl slurm epilog`` calls this."""
-        return list(self._send(self._call("ReleaseJob", "s", (_text("job id", job),)))[0])
+        return list(self._send(self._call("ReleaseJob", "s", (bus_string("job id", job),)))[0])
 
     def release_gpu(self, gpu: str, reason: str) -> str:
         """Force-release whatever claim holds ``gpu`` (alias, index or UUID); returns its ref."""
@@ -815,7 +733,7 @@ class Client(_Base):
         """End a booking now; someone else's needs the manage action and a reason."""
         from . import bookings as b
 
-        msg = b.ref_message("CancelBooking", ref, ("s", _text("reason", reason)),
+        msg = b.ref_message("CancelBooking", ref, ("s", bus_string("reason", reason)),
                             b.change_options(op_id, dry_run))
         return b.record(self._send(msg)[0])
 
@@ -833,7 +751,7 @@ class Client(_Base):
         if until is not None:
             options["UntilUSec"] = ("t", b.instant("until", until))
         if uid is not None:
-            options["UID"] = ("u", _whole("uid", uid, 0, UINT32_MAX))
+            options["UID"] = ("u", bus_whole("uid", uid, 0, UINT32_MAX))
         if by_gpu:
             options["ByGPU"] = ("b", True)
         return json.loads(self._send(b.call("Usage", "a{sv}", (options,)))[0])
@@ -843,9 +761,9 @@ class Client(_Base):
         running, succeeded, failed, timed-out, cancelled, missed); the booking's record."""
         from . import bookings as b
 
-        msg = b.call("ReportJob", "ssis", (_text("reference", ref), _text("state", state),
-                                           _whole("exit code", exit_code, *INT32),
-                                           _text("detail", detail)))
+        msg = b.call("ReportJob", "ssis", (bus_string("reference", ref), bus_string("state", state),
+                                           bus_whole("exit code", exit_code, *INT32),
+                                           bus_string("detail", detail)))
         return b.record(self._send(msg)[0])
 
     def slots(self, duration, count: int = 3, **request) -> list[dict]:
@@ -998,7 +916,7 @@ class AsyncClient(_Base):
                 raise
             self._router, self._router_cm, self.bus = router, cm, "shared"
             return
-        for bus in [self._requested_bus] if self._requested_bus else BUSES:
+        for bus in [self._requested_bus] if self._requested_bus else ("session", "system"):
             cm = open_dbus_router(bus.upper())
             try:
                 router = await cm.__aenter__()
@@ -1009,8 +927,9 @@ class AsyncClient(_Base):
                     self._session_refused = exc
                 continue
             if bus == "session" and not self._requested_bus:
-                reply = await router.send_and_get_reply(self._name_has_owner())
-                if not self._body(reply)[0]:
+                owned = self._body(await router.send_and_get_reply(self._name_has_owner()))[0]
+                if not (owned or discovery.serves(owned, self._body(
+                        await router.send_and_get_reply(self._activatable()))[0])):
                     await cm.__aexit__(None, None, None)
                     continue
             self._router, self._router_cm, self.bus = router, cm, bus
@@ -1196,7 +1115,7 @@ class AsyncClient(_Base):
                      dry_run: bool = False) -> dict:
         from . import bookings as b
 
-        msg = b.ref_message("CancelBooking", ref, ("s", _text("reason", reason)),
+        msg = b.ref_message("CancelBooking", ref, ("s", bus_string("reason", reason)),
                             b.change_options(op_id, dry_run))
         return b.record((await self._send(msg))[0])
 

@@ -1,1 +1,2 @@
-"""What runs only inside ``resourced``, the daemon: its start (``python -m resourced.daemon``), engine, bus interfaces, stores and health monitor."""
+"""What runs only inside ``resourced``, the daemon: its start (``python -m
+resourced.daemon``), engine, bus interfaces, stores and health monitor."""

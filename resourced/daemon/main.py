@@ -12,7 +12,6 @@ import contextlib
 import grp
 import logging
 import os
-import pwd
 import resource
 import signal
 import sqlite3
@@ -29,6 +28,7 @@ from resourced.evidence.host import host_pools
 from resourced.evidence.processes import boot_id
 from resourced.isolation.scopes import Scopes
 from resourced.linux.sd import notify, reloading, run_watchdog, setup_logging, watchdog_interval
+from resourced.linux.users import user_name
 from resourced.protocol.names import BUS_DRIVER, BUS_NAME
 
 from . import memory
@@ -454,7 +454,7 @@ async def _close_shared(shared: SharedBus | None) -> None:
 def shared_access(shared: SharedBus) -> SharedAccess:
     """Who administers the shared bus (this account) and which group uses it."""
     uid = os.getuid()
-    return SharedAccess(uid, pwd.getpwuid(uid).pw_name, shared.group,
+    return SharedAccess(uid, user_name(uid), shared.group,
                         grp.getgrnam(shared.group).gr_gid)
 
 

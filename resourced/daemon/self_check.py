@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from resourced.core.diagnosis import FAIL, OK, SKIPPED, WARN, check
-from resourced.evidence.proctable import user_name
+from resourced.linux.users import user_name
 from resourced.protocol.amounts import format_bytes
 
 LOW_SPACE = {"runtime": 16 << 20, "state": 256 << 20}

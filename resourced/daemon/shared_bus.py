@@ -18,11 +18,11 @@ import ctypes
 import fcntl
 import grp
 import os
-import pwd
 import signal
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
 
+from resourced.linux.users import user_name
 from resourced.protocol.names import shared_bus_address
 
 LOCK = "lock"
@@ -113,7 +113,7 @@ class SharedBus:
 
     def prepare(self) -> None:
         """Make DIR (0750, the group), take its lock, write the bus configuration."""
-        host = pwd.getpwuid(os.getuid()).pw_name
+        host = user_name(os.getuid())
         try:
             self.directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
             info = self.directory.stat()

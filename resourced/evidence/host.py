@@ -1,7 +1,7 @@
 """Host measurements for the health checks: free RAM and free disk space.
 
 These calls block (``statvfs`` on a dead network mount can hang for minutes), so callers
-run them off the event loop with a deadline (``health_monitor.py``).  Each returns a
+run them off the event loop with a deadline (``daemon/health_monitor.py``).  Each returns a
 ``Measurement`` or raises ``OSError`` / ``ValueError`` with a message fit for the user;
 nothing is guessed: a missing path is an error, not an empty disk.
 """

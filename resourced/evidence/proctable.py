@@ -1,7 +1,6 @@
 """The process table, read from /proc in one pass (blocking: run it off the event loop)."""
 
 import os
-import pwd
 
 from resourced.core.attribution import ProcInfo
 
@@ -77,10 +76,3 @@ def command_line(pid: int, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def user_name(uid: int) -> str:
-    if uid < 0:
-        return ""
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)

@@ -16,6 +16,8 @@ import os
 import time
 from pathlib import Path
 
+from .atomic_file import write_atomically
+
 
 def stamp_path(environ=os.environ) -> Path:
     """The stamp file of this user (the shell hook reads the same path)."""
@@ -31,19 +33,9 @@ def stamp_path(environ=os.environ) -> Path:
 def touch_stamp(environ=os.environ) -> bool:
     """Write a new token into the stamp; False (and nothing raised) where it cannot."""
     path = stamp_path(environ)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, f"{time.time_ns()}.{os.getpid()}\n".encode())
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        write_atomically(path, f"{time.time_ns()}.{os.getpid()}\n", durable=False)
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         return False
     return True

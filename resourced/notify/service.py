@@ -902,49 +902,13 @@ def _error_name(reply) -> str | None:
 # -- the command ------------------------------------------------------------------------
 
 
-async def _owned_on(bus: str) -> bool | None:
-    """Whether resourced runs on ``bus``; None when that bus cannot be reached."""
-    import asyncio
-
-    from jeepney.bus_messages import message_bus
-    from jeepney.io.asyncio import open_dbus_router
-
-    from resourced.client.sync import bus_address
-    from resourced.protocol.names import BUS_NAME
-
-    try:
-        async with open_dbus_router(bus_address(bus)) as router:
-            reply = await asyncio.wait_for(
-                router.send_and_get_reply(message_bus.NameHasOwner(BUS_NAME)), CALL_TIMEOUT)
-    except (OSError, KeyError, ValueError, EOFError, TimeoutError):
-        return None
-    return _error_name(reply) is None and bool(reply.body[0])
-
-
-async def _choose_bus(requested: str | None) -> str:
-    """--bus, else $RESOURCED_BUS, else the bus where resourced runs (the session bus
-    first), else the session bus if there is one (the daemon's default), else the system bus.
-    """
-    from resourced.client.sync import requested_bus
-
-    bus = requested_bus(requested)
-    if bus:
-        return bus
-    session = await _owned_on("session")
-    if session:
-        return "session"
-    if await _owned_on("system"):
-        return "system"
-    return "session" if session is not None else "system"
-
-
 @contextlib.asynccontextmanager
 async def _router(bus: str):
     """A jeepney router on ``bus``; closing one whose bus is gone raises nothing."""
     from jeepney.io.asyncio import open_dbus_router
     from jeepney.io.common import RouterClosed
 
-    from resourced.client.sync import bus_address
+    from resourced.client.discovery import bus_address
 
     opener = open_dbus_router(bus_address(bus))
     try:
@@ -965,11 +929,13 @@ async def run_agent(requested_bus: str | None) -> None:
     """Run until SIGTERM or SIGINT (returns) or a lost bus connection (raises)."""
     import asyncio
 
+    from resourced.client.discovery import choose_bus
+
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    bus = await _choose_bus(requested_bus)
+    bus = await asyncio.to_thread(choose_bus, requested_bus)
     async with contextlib.AsyncExitStack() as stack:
         daemon = await stack.enter_async_context(_router(bus))
         session = daemon if bus == "session" else await stack.enter_async_context(

@@ -90,6 +90,8 @@ class Runner:
         lock = self._lock()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._asked_to_quit)
+        from resourced.client.discovery import choose_bus
+
         self.bus = choose_bus(self.requested_bus)
         conn = self._connect()
         self.client = Client(bus=self.bus, timeout=CALL_TIMEOUT)
@@ -476,7 +478,7 @@ class Runner:
         from jeepney.bus_messages import message_bus
         from jeepney.io.blocking import open_dbus_connection
 
-        from resourced.client.sync import bus_address
+        from resourced.client.discovery import bus_address
         from resourced.protocol.names import BUS_NAME, USER_IFACE, user_path
 
         try:
@@ -503,44 +505,6 @@ class Runner:
 
         reply = conn.send_and_get_reply(message_bus.NameHasOwner(BUS_NAME), timeout=CALL_TIMEOUT)
         return bool(reply.body and reply.body[0])
-
-
-def choose_bus(requested: str | None) -> str:
-    """--bus, else $RESOURCED_BUS, else the bus where resourced runs (the session bus
-    first), else the session bus if there is one (the daemon's default), else the system
-    bus."""
-    from resourced.client import discovery
-    from resourced.client.sync import requested_bus
-
-    bus = requested_bus(requested)
-    if bus:
-        return bus
-    if discovery.configured():
-        return "shared"
-    reachable = []
-    for candidate in ("session", "system"):
-        owned = _owned_on(candidate)
-        if owned:
-            return candidate
-        if owned is not None:
-            reachable.append(candidate)
-    return reachable[0] if reachable else "session"
-
-
-def _owned_on(bus: str) -> bool | None:
-    """Whether resourced runs on ``bus``; None if that bus cannot be reached."""
-    from jeepney.bus_messages import message_bus
-    from jeepney.io.blocking import open_dbus_connection
-
-    from resourced.client.sync import bus_address
-    from resourced.protocol.names import BUS_NAME
-
-    try:
-        with open_dbus_connection(bus_address(bus)) as conn:
-            reply = conn.send_and_get_reply(message_bus.NameHasOwner(BUS_NAME), timeout=5)
-    except (OSError, KeyError, ValueError, TimeoutError, EOFError):
-        return None
-    return bool(reply.body and reply.body[0] is True)
 
 
 def _shown(argv: list[str]) -> str:

@@ -79,7 +79,7 @@ class Feed(threading.Thread):
         from jeepney.bus_messages import message_bus
         from jeepney.io.blocking import open_dbus_connection
 
-        from resourced.client.sync import bus_address
+        from resourced.client.discovery import bus_address
 
         conn = open_dbus_connection(bus_address(self.bus))
         try:

@@ -36,3 +36,29 @@ def test_a_wait_for_a_claim_with_no_daemon_fails_at_once(no_daemon):
     r = gpuctl("run", "--bus", "session", "--wait", "--", "true", timeout=10)
     assert r.returncode == 5, r.stderr
     assert "the resourced daemon is not running on the session bus" in r.stderr
+
+
+def test_looking_everywhere_it_takes_the_session_bus_that_can_start_one(tmp_path, monkeypatch):
+    """The one order: a session bus with resourced's activation file (as `gpuctl service
+    enable --user` installs) is the bus, though no daemon runs there yet: the call starts
+    it, rather than failing on the system bus."""
+    import json
+    import sys
+
+    from resourced.linux.privatebus import PrivateBus
+
+    services = tmp_path / "services"
+    services.mkdir()
+    run = tmp_path / "run"
+    (services / "org.resourced.service").write_text(
+        "[D-BUS Service]\nName=org.resourced\n"
+        f"Exec=/usr/bin/env RESOURCED_SIMULATED_GPUS=3 RESOURCED_RUNTIME_DIR={run} "
+        f"RESOURCED_STATE_DIR={tmp_path}/state XDG_CONFIG_HOME={tmp_path}/config "
+        f"{sys.executable} -m resourced.daemon --session\n")
+    with PrivateBus(servicedirs=(services,)) as bus:
+        monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", bus.address)
+        monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent/system_bus_socket")
+        monkeypatch.delenv("RESOURCED_BUS", raising=False)
+        r = gpuctl("free", "--json", timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["free"] == 3

@@ -493,7 +493,7 @@ class Rig:
         try:
             self.service = pwd.getpwnam(SERVICE_ACCOUNT)
         except KeyError:
-            # As gpuctl service enable --system would (resourced/install.py).
+            # As gpuctl service enable --system would (resourced/linux/install.py).
             argv = ["useradd", "--system", "-M", "-l", "--home-dir", "/",
                     "--shell", "/usr/sbin/nologin", "--comment", SERVICE_COMMENT]
             try:

@@ -42,7 +42,7 @@ from .harness import (
 REQUIRED = os.environ.get("RESOURCED_TESTS_REQUIRE_SYSTEM") == "1"
 """Read at import, before the suite's autouse fixture clears RESOURCED_* variables."""
 
-# Where `service enable --system` writes (resourced/install.py), snapshotted before it and
+# Where `service enable --system` writes (resourced/linux/install.py), snapshotted before it and
 # compared after `service disable --system`: all of /etc, and the two /usr/share places.
 SNAPSHOT_PATHS = ("/etc", "/usr/share/dbus-1", "/usr/share/polkit-1")
 ENABLE_STAMP = "/run/sdt-before-enable"

@@ -45,7 +45,7 @@ CONFIG = "/etc/resourced/config.toml"
 DROPIN_DIR = "/etc/systemd/system/resourced.service.d"
 SIMULATED_DROPIN = f"{DROPIN_DIR}/50-simulated-gpus.conf"
 NGPUS = 4
-AUDIT_MESSAGE_ID = "3f5b3c2e9a0d4e61b1a7c4d2e8f90a17"  # resourced/sd.py
+AUDIT_MESSAGE_ID = "3f5b3c2e9a0d4e61b1a7c4d2e8f90a17"  # resourced/linux/sd.py
 
 # The test accounts inside. Their ids are pinned (the first free ones below 60000 on the
 # host's account files, which the namespace starts from): processes inside are visible on

@@ -1,4 +1,4 @@
-"""The pure core loads nothing beyond the standard library and resourced itself."""
+"""The pure core and the protocol load nothing beyond the standard library and resourced."""
 
 import json
 import subprocess
@@ -21,13 +21,15 @@ print(json.dumps(sorted(sys.modules)))
 
 CORE = sorted(f"resourced.core.{p.stem}" for p in (ROOT / "resourced" / "core").glob("*.py")
               if p.stem != "__init__")
+PROTOCOL = sorted(f"resourced.protocol.{p.stem}"
+                  for p in (ROOT / "resourced" / "protocol").glob("*.py") if p.stem != "__init__")
 
 
 def test_every_core_module_is_probed():
     assert {"resourced.core.ledger", "resourced.core.health"} <= set(CORE)
 
 
-@pytest.mark.parametrize("module", [*CORE, "resourced.errors", "resourced.protocol.amounts"])
+@pytest.mark.parametrize("module", [*CORE, *PROTOCOL, "resourced.errors"])
 def test_core_imports_only_the_standard_library(module):
     done = subprocess.run([sys.executable, "-c", PROBE.format(module=module)],
                           capture_output=True, text=True, timeout=30, check=True)

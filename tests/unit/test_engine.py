@@ -11,7 +11,8 @@ from resourced.config import DaemonConfig
 from resourced.core.claims import ClaimRequest, Demand, ProcessRef
 from resourced.core.clock import ManualClock
 from resourced.core.ledger import ClaimReleased
-from resourced.daemon.engine.engine import Caller, Engine
+from resourced.core.caller import Caller
+from resourced.daemon.engine.engine import Engine
 from resourced.errors import LimitExceeded
 
 ME = Caller(uid=os.getuid(), pid=os.getpid())

@@ -27,7 +27,7 @@ from resourced.core.claims import (
 from resourced.core.inventory import Gpu
 from resourced.core.ledger import ClaimReleased, Ledger, StopAsked
 from resourced.core.pools import Pool
-from resourced.daemon.engine.engine import Caller
+from resourced.core.caller import Caller
 from resourced.errors import (
     InvalidRequest,
     LimitExceeded,

@@ -9,10 +9,9 @@ import contextvars
 
 from dbus_fast import Message, MessageType
 
+from resourced.core.caller import Caller
 from resourced.evidence.pidns import nested
 from resourced.protocol.names import BUS_DRIVER
-
-from ..engine.engine import Caller
 
 current_call: contextvars.ContextVar[Message] = contextvars.ContextVar("current_call")
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import pwd
-from typing import TYPE_CHECKING
 
 from resourced.config import DaemonConfig
 from resourced.core.calendar import (
@@ -28,13 +27,11 @@ from resourced.core.calendar import (
     Limits,
     Notice,
 )
+from resourced.core.caller import Caller
 from resourced.core.claims import BOOKING
 from resourced.core.clock import utc_text, whole_second
 from resourced.errors import Internal, InvalidRequest, NoSuchClaim, quoted
 from resourced.linux.sd import audit
-
-if TYPE_CHECKING:
-    from .engine import Caller
 
 log = logging.getLogger("resourced")
 

@@ -17,7 +17,6 @@ import asyncio
 import copy
 import logging
 import os
-import pwd
 import secrets
 import sqlite3
 import string
@@ -34,6 +33,7 @@ from resourced.core.calendar import (
     BookingEvent,
     Calendar,
 )
+from resourced.core.caller import Caller
 from resourced.core.claims import (
     BOOKING,
     BOOKING_PRIORITY,
@@ -88,13 +88,14 @@ from resourced.evidence.pidns import (
     ns_pids,
 )
 from resourced.evidence.processes import pid_max, pin_process, process_session, process_uid
-from resourced.evidence.proctable import ancestry, command_line, read_table, user_name
+from resourced.evidence.proctable import ancestry, command_line, read_table
 from resourced.evidence.subids import owner_of
 from resourced.evidence.subids import ranges as subuid_ranges
 from resourced.isolation.devices import allowed, read_proc_devices
 from resourced.isolation.scopes import STOP_TIMEOUT_USEC, UNAVAILABLE_ON_USER_BUS
 from resourced.linux.sd import audit, one_write
 from resourced.linux.threads import off_loop
+from resourced.linux.users import user_name
 
 from ..after_reply import AfterReply
 from ..store.usage import retention as usage_retention
@@ -130,16 +131,6 @@ class GpuUseChanged:
     """Free GPUs that began or ceased to run processes nobody claimed (``busy``)."""
 
     gpus: frozenset[str]
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who is calling, as the bus (never the caller) says."""
-
-    uid: int
-    pid: int
-    bus_name: str = ""
-    nested: bool = False  # in a pid namespace below ours (a container): it names its own pids
 
 
 def managed_gpus(present: list[Gpu], configured: tuple[GpuEntry, ...]) -> tuple[list[Gpu], list[GpuEntry]]:
@@ -1123,12 +1114,16 @@ class Engine(CalendarOperations):
         return await off_loop(fn, *args, timeout=self.settings.probe_timeout)
 
     async def _user_name(self, uid: int) -> str:
+        """``user_name`` off the loop (the user database may be a network's), kept once
+        found."""
         if uid not in self._user_names:
             try:
-                entry = await self._off_loop(pwd.getpwuid, uid)
-                self._user_names[uid] = entry.pw_name
-            except (TimeoutError, KeyError):
+                name = await self._off_loop(user_name, uid)
+            except TimeoutError:
                 return str(uid)
+            if name == str(uid):
+                return name
+            self._user_names[uid] = name
         return self._user_names[uid]
 
 
@@ -1230,5 +1225,6 @@ def _observe(pids: list[int], claim_uids: dict[str, int]):
         if chain and chain[0].nested_namespace:
             container = container_of(pid) or "a pid namespace of its own"
             started_for = _started_for(pid, person, claim_uids)
-        details[pid] = (uid, user_name(person), command_line(pid), container, started_for)
+        name = user_name(person) if person >= 0 else ""
+        details[pid] = (uid, name, command_line(pid), container, started_for)
     return chains, details

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from resourced.linux.atomic_file import write_atomically
 from resourced.linux.threads import OneThread
 
 log = logging.getLogger("resourced")
@@ -150,22 +151,8 @@ class JsonLog:
 
     def rewrite(self, lines: list[dict]) -> None:
         """Replace the log with ``lines`` (the header first), atomically."""
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
-                     0o600)
-        try:
-            os.write(fd, _encode(lines))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        write_atomically(self.path, _encode(lines))
         self._synced = self._written  # what the old file held, the new one holds, synced
-        if self.durable:  # the rename itself must reach the disk too
-            dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
         self.records = len(lines)
         self.keep()
 

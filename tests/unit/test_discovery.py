@@ -1,18 +1,44 @@
-"""How a client finds a shared bus and decides to trust it (resourced.client.discovery), and
-the daemon's --shared options."""
+"""Which bus a client uses (resourced.client.discovery): the one order, how a shared bus is
+found and trusted; and the daemon's --shared options."""
 
 import os
 from pathlib import Path
 
 import pytest
 
+from resourced.client import discovery
 from resourced.client import discovery as shared_address
 from resourced.daemon.main import parse_args
-from resourced.errors import AccessDenied, DaemonUnreachable
+from resourced.errors import AccessDenied, DaemonUnreachable, InvalidRequest
 
 
 def env(tmp_path, **more):
     return {"XDG_CONFIG_HOME": str(tmp_path / "config"), "HOME": str(tmp_path), **more}
+
+
+def test_a_named_bus_comes_first_then_the_variable(tmp_path):
+    e = env(tmp_path, RESOURCED_BUS="system")
+    discovery.write_connection(tmp_path, e)
+    assert discovery.preset_bus("session", e) == "session"
+    assert discovery.preset_bus(None, e) == "system"
+
+
+def test_then_the_shared_bus_this_account_is_connected_to(tmp_path):
+    e = env(tmp_path)
+    assert discovery.preset_bus(None, e) is None   # the session bus is asked
+    discovery.write_connection(tmp_path, e)
+    assert discovery.preset_bus(None, e) == "shared"
+
+
+def test_the_session_bus_serves_where_the_daemon_runs_or_can_start():
+    assert discovery.serves(True, [])
+    assert discovery.serves(False, ["org.freedesktop.DBus", "org.resourced"])
+    assert not discovery.serves(False, ["org.freedesktop.Notifications"])
+
+
+def test_a_bus_with_another_name_is_refused(tmp_path):
+    with pytest.raises(InvalidRequest, match="'session', 'system' or 'shared'"):
+        discovery.named_bus(None, env(tmp_path, RESOURCED_BUS="sesion"))
 
 
 def test_connect_writes_what_the_client_reads_back(tmp_path):

@@ -1,0 +1,103 @@
+"""What a call sends: friendly arguments, checked, as the bus's types and options.
+
+Every refusal is an ``InvalidRequest`` raised before anything is sent (never a
+``struct.error`` from the encoder later).
+"""
+
+import os
+
+from resourced.errors import InvalidRequest
+
+
+def parsed(parser: str, value, *name: str) -> int:
+    """``resourced.protocol.amounts``' ``parser`` (parse_amount, parse_memory, parse_count) of
+    ``value``; its refusal as InvalidRequest."""
+    from resourced.protocol import amounts
+
+    try:
+        return getattr(amounts, parser)(value, *name)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
+def bus_whole(name: str, value, low: int, high: int) -> int:
+    """A whole number the bus can carry, or InvalidRequest (never a struct.error later)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidRequest(f"{name} must be a whole number from {low} to {high}, not {value!r}")
+    return value
+
+
+def bus_string(name: str, value) -> str:
+    """A string the bus accepts: D-Bus strings are UTF-8 without NUL (the bus drops a
+    connection that sends one)."""
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{name} must be a string, not {value!r}")
+    if "\0" in value:
+        raise InvalidRequest(f"{name} must not contain a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest(f"{name} is not valid UTF-8 text") from None
+    return value
+
+
+UINT32_MAX = 2**32 - 1
+INT32 = (-(2**31), 2**31 - 1)
+
+
+def session_option(session: str | None) -> dict:
+    """The ``Session`` option: the one given, else ``$RESOURCED_SESSION`` (which an agent
+    sets once and its sub-agents inherit), else none (the daemon then takes the owner
+    process's Unix session)."""
+    if session is None:
+        session = os.environ.get("RESOURCED_SESSION") or None
+    return {} if session is None else {"Session": ("s", bus_string("session", session))}
+
+
+def memory_and_counts(vram=None, ram=None, cpu=None, pools=None, vram_mb=None, ram_mb=None
+                      ) -> tuple[int | None, dict[str, int]]:
+    """(VRAM bytes or None, pool amounts) from friendly arguments: memory as text with a
+    unit (``"4G"``) or bytes (at least 1 MiB), or in MiB (``vram_mb=``, ``ram_mb=``, the
+    file-lock library's names); cpu a whole count; other pools as ``parse_amount`` reads."""
+    for given, in_mib, name in ((vram, vram_mb, "vram"), (ram, ram_mb, "ram")):
+        if given is not None and in_mib is not None:
+            raise InvalidRequest(f"give {name} or {name}_mb, not both")
+    if vram_mb is not None:
+        vram = bus_whole("vram_mb", vram_mb, 1, UINT32_MAX) * 1024**2
+    if ram_mb is not None:
+        ram = bus_whole("ram_mb", ram_mb, 1, UINT32_MAX) * 1024**2
+    amounts = {bus_string("pool name", name): parsed("parse_amount", v)
+               for name, v in (pools or {}).items()}
+    if ram is not None:
+        amounts["ram"] = parsed("parse_memory", ram, "ram")
+    if cpu is not None:
+        amounts["cpu"] = parsed("parse_count", cpu, "cpu")
+    return None if vram is None else parsed("parse_memory", vram, "vram"), amounts
+
+
+def demand_options(gpus: int = 0, vram=None, ram=None, cpu=None, pools=None, vram_mb=None,
+                   ram_mb=None) -> tuple[int, dict]:
+    """(gpus, options) for Claim from friendly arguments (``memory_and_counts``)."""
+    options = {}
+    gpus = bus_whole("gpus", gpus, 0, UINT32_MAX)
+    vram, amounts = memory_and_counts(vram, ram, cpu, pools, vram_mb, ram_mb)
+    if amounts:
+        options["Pools"] = ("a{st}", amounts)
+    if vram is not None:
+        options["VRAMBytes"] = ("t", vram)
+    return gpus, options
+
+
+def span(name: str, value) -> int:
+    """A duration as microseconds (more than 0)."""
+    from resourced.protocol.when import parse_duration
+
+    if isinstance(value, str):
+        try:
+            value = parse_duration(value)
+        except ValueError as exc:
+            raise InvalidRequest(f"{name}: {exc}") from None
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not 0 < value < 2**63 / 1e6):
+        raise InvalidRequest(f"{name} must be more than 0 seconds, not {value!r}")
+    return int(value * 1_000_000)
