@@ -36,14 +36,20 @@ from resourced.errors import (
 
 from .claims import Demand, check_text
 from .clock import LAST_INSTANT, Deadlines, utc_text
+from .lifecycle import (
+    ACTIVE,
+    BOOKING,
+    CANCELLED,
+    ENDED,
+    EXPIRED,
+    JOB,
+    JOB_STATES,
+    NO_SHOW,
+    RELEASED,
+    SCHEDULED,
+)
 from .pools import format_amount
 from .timeline import Hold, Timeline
-
-SCHEDULED, ACTIVE, ENDED = "scheduled", "active", "ended"
-JOB_STATES = ("pending", "running", "succeeded", "failed", "timed-out", "cancelled", "missed")
-"""A booking's command, as its owner's runner reports it (the daemon never sees the
-command itself): pending until the start, then running, then how it ended; missed when
-no runner was there to start it."""
 
 
 @dataclass(frozen=True)
@@ -177,7 +183,8 @@ class Calendar:
         self.notices.update(notices)
         for booking in sorted(bookings.values(), key=lambda b: b.created_usec):
             if booking.state != ENDED and not self._fits_inventory(booking):
-                booking = replace(booking, state=ENDED, ended="cancelled",
+                booking = replace(booking, state=BOOKING.move(booking.state, ENDED),
+                                  ended=CANCELLED,
                                   reason="its GPU or pool is no longer managed",
                                   ended_usec=booking.created_usec)
                 dropped.append(booking)
@@ -295,25 +302,29 @@ class Calendar:
         if uid != old.uid and uid != 0 and not reason:
             raise InvalidRequest("cancelling someone else's booking needs a reason")
         check_text("reason", reason)
-        how = "cancelled" if old.state == SCHEDULED else "released"
+        how = CANCELLED if old.state == SCHEDULED else RELEASED
         return self._end(old, how, uid, reason, now)
 
     def no_show(self, booking_id: str, now: int, reason: str
                 ) -> tuple[Booking, list[BookingEvent]]:
-        """End an active booking whose GPUs its owner never used (ended "no-show")."""
+        """End an active booking whose GPUs its owner never used (ended ``NO_SHOW``)."""
         old = self.bookings[booking_id]
         if old.state != ACTIVE:
             raise InvalidRequest(f"booking {booking_id} is not active")
-        return self._end(old, "no-show", -1, reason, now)
+        return self._end(old, NO_SHOW, -1, reason, now)
 
     def set_job(self, booking_id: str, uid: int, state: str, exit_code: int = -1,
                 detail: str = "") -> tuple[Booking, list[BookingEvent]]:
         """Record what the owner's runner says of the booking's command (owner only; an
-        ended booking too: a command may be stopped just after its end)."""
+        ended booking too: a command may be stopped just after its end): the first report
+        in any state, then only the moves of ``JOB`` (or the same state again)."""
         old = self._own(booking_id, uid, admin=False)
         if state not in JOB_STATES:
             raise InvalidRequest(f"job state must be one of {', '.join(JOB_STATES)}, not "
                                  f"{quoted(state)}")
+        if old.job and state != old.job and not JOB.allows(old.job, state):
+            raise InvalidRequest(f"the command of {booking_id} is {old.job}: it cannot become "
+                                 f"{state}")
         check_text("detail", detail)
         booking = replace(old, job=state, job_exit=exit_code, job_detail=detail)
         self.bookings[booking_id] = booking  # the hold is the same: the job is not held
@@ -326,10 +337,10 @@ class Calendar:
         for booking_id in self._due.due(now):
             b = self.bookings[booking_id]
             if b.state == SCHEDULED:
-                b = self.bookings[b.id] = replace(b, state=ACTIVE)
+                b = self.bookings[b.id] = replace(b, state=BOOKING.move(b.state, ACTIVE))
                 events.append(BookingEvent(b, "started"))
             if b.end_usec <= now:
-                events += self._end(b, "expired", -1, "", b.end_usec)[1]
+                events += self._end(b, EXPIRED, -1, "", b.end_usec)[1]
             else:
                 self._due.set(b.id, b.end_usec)
         return events, self._due.next()
@@ -591,8 +602,9 @@ class Calendar:
     def _end(self, booking: Booking, how: str, by: int, reason: str,
              when: int) -> tuple[Booking, list[BookingEvent]]:
         self._drop(booking)
-        end = when if how in ("released", "no-show") else booking.end_usec  # ended early: then
-        ended = replace(booking, state=ENDED, ended=how, ended_by=by, reason=reason,
+        end = when if how in (RELEASED, NO_SHOW) else booking.end_usec  # ended early: then
+        ended = replace(booking, state=BOOKING.move(booking.state, ENDED), ended=BOOKING.end(how),
+                        ended_by=by, reason=reason,
                         ended_usec=when, end_usec=end)
         self._put(ended)
         return ended, [BookingEvent(ended, "ended")]

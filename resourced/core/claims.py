@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from resourced.errors import InvalidRequest, quoted
 
+from .lifecycle import GRANTED
+
 MODES = ("run", "dev")
 """run: bound to its processes, released when they are gone; dev: kept until released."""
 BOOKING = "booking"
@@ -18,8 +20,6 @@ they are gone."""
 BOOKING_PRIORITY = 2**31 - 1
 """A booking at its start outranks every waiter (callers' priorities stay below it)."""
 
-QUEUED = "queued"
-GRANTED = "granted"
 
 
 @dataclass(frozen=True, slots=True)

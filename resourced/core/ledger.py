@@ -54,18 +54,9 @@ from resourced.errors import (
     quoted,
 )
 
-from .claims import (
-    BOOKING,
-    BOOKING_PRIORITY,
-    GRANTED,
-    QUEUED,
-    SLURM,
-    Claim,
-    ClaimRequest,
-    Demand,
-    ProcessRef,
-)
+from .claims import BOOKING, BOOKING_PRIORITY, SLURM, Claim, ClaimRequest, Demand, ProcessRef
 from .inventory import Gpu
+from .lifecycle import CLAIM, ENDED, GRANTED, JOB_ENDED, OWNER_EXITED, QUEUED, RELEASED
 from .pools import Pool, format_amount
 from .timeline import Hold, Timeline
 from .view import GPUS, View
@@ -296,7 +287,7 @@ class Ledger:
             # the cost of an uncontended claim).  What does not fit takes the walk.
             placed = self._view(busy, gpus=claim.demand.wants_gpu).place(claim.demand, claim.on)
             if placed is not None:
-                claim.state = GRANTED
+                claim.state = CLAIM.move(claim.state, GRANTED)
                 self._add(claim)
                 self._hold(claim, *placed)
                 return [ClaimGranted(claim), *self._ask_back({})], None
@@ -353,7 +344,7 @@ class Ledger:
         self._hold(claim, gpus, "")
         return [ClaimGranted(claim)]
 
-    def release(self, claim_id: str, reason: str = "released",
+    def release(self, claim_id: str, reason: str = RELEASED,
                 busy: frozenset[str] | None = frozenset()) -> list[Event]:
         """End a claim (a queued one is cancelled) and serve the queue with what it frees.
 
@@ -361,6 +352,8 @@ class Ledger:
         not fresh: the queue is walked only if nobody in it waits for a GPU; else call
         ``schedule`` once fresh evidence is at hand (``waiting_for_gpus``)."""
         claim = self.get(claim_id)
+        CLAIM.move(claim.state, ENDED)
+        reason = CLAIM.end(reason)
         held = claim.state == GRANTED
         self._free(claim)
         self._remove(claim)
@@ -377,7 +370,7 @@ class Ledger:
         if claim is None or not claim.owner_alive:
             return []
         if claim.state == QUEUED or (claim.mode == "run" and not claim.members):
-            return self.release(claim_id, "owner-exited", busy)
+            return self.release(claim_id, OWNER_EXITED, busy)
         claim.owner_alive = False
         claim.owner_died_usec = now_usec
         return [OwnerDied(claim)]
@@ -410,7 +403,7 @@ class Ledger:
             return []
         claim.members = claim.members - {ref}
         if claim.mode in ("run", SLURM) and not claim.owner_alive and not claim.members:
-            return self.release(claim_id, "job-ended" if claim.mode == SLURM else "owner-exited",
+            return self.release(claim_id, JOB_ENDED if claim.mode == SLURM else OWNER_EXITED,
                                 busy)
         return [MembersChanged(claim)]
 
@@ -524,7 +517,7 @@ class Ledger:
                 view.take(claim.demand, *placed)
                 self._unqueue(claim)
                 self._hold(claim, *placed)
-                claim.state = GRANTED
+                claim.state = CLAIM.move(claim.state, GRANTED)
                 claim.queue_deadline_usec = 0
                 self._no_wait.discard(claim.id)
                 events.append(ClaimGranted(claim))
@@ -778,6 +771,7 @@ class Ledger:
         shares: dict[str, dict[str, int]] = {}
         used = {name: 0 for name in self.pools}
         for c in self.claims.values():
+            assert c.state in CLAIM.states - CLAIM.final, f"{c.id} is {c.state}"
             if c.state == QUEUED:
                 assert not c.gpus, f"queued {c.id} holds GPUs"
                 continue

@@ -21,10 +21,9 @@ from collections import Counter
 from pathlib import Path
 
 from resourced import __version__
-from resourced.core.calendar import ACTIVE, SCHEDULED
-from resourced.core.claims import GRANTED
 from resourced.core.exposition import COUNTER, GAUGE, Family, render
 from resourced.core.health import LEVELS
+from resourced.core.lifecycle import ACTIVE, GRANTED, SCHEDULED
 from resourced.linux.atomic_file import write_atomically
 
 from .bus.errors import ANSWERED

@@ -36,20 +36,18 @@ import sys
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from resourced.core.lifecycle import (
+    CANCELLED,
+    FAILED,
+    JOB,
+    JOB_STATES,
+    MISSED,
+    PENDING,
+    SUCCEEDED,
+    TIMED_OUT,
+)
 from resourced.linux.atomic_file import write_atomically
 from resourced.linux.xdg import base_dir
-
-PENDING, RUNNING = "pending", "running"
-SUCCEEDED, FAILED, TIMED_OUT, CANCELLED, MISSED = (
-    "succeeded", "failed", "timed-out", "cancelled", "missed")
-STATES = (PENDING, RUNNING, SUCCEEDED, FAILED, TIMED_OUT, CANCELLED, MISSED)
-FINAL = frozenset({SUCCEEDED, FAILED, TIMED_OUT, CANCELLED, MISSED})
-TRANSITIONS = {
-    PENDING: frozenset({RUNNING, CANCELLED, MISSED, FAILED}),
-    RUNNING: frozenset({SUCCEEDED, FAILED, TIMED_OUT, CANCELLED}),
-}
-"""The only moves a job makes; a final state is final, and nothing goes back to pending
-or to running: that is what makes a command start at most once."""
 
 MISSED_AFTER_USEC = 60 * 1_000_000
 """A job whose booking had started longer than this before the runner saw it is missed."""
@@ -141,19 +139,19 @@ class Job:
             raise JobError(f"written by a newer resourced (version {job.version})")
         if (not isinstance(job.argv, list) or not job.argv
                 or not all(isinstance(a, str) for a in job.argv)
-                or not isinstance(job.env, dict) or job.state not in STATES):
+                or not isinstance(job.env, dict) or job.state not in JOB_STATES):
             raise JobError("malformed job file")
         return job
 
     @property
     def final(self) -> bool:
-        return self.state in FINAL
+        return self.state in JOB.final
 
 
 def advance(job: Job, state: str, **changes) -> Job:
-    """``job`` moved to ``state`` (not yet told to the daemon); a move TRANSITIONS does
-    not allow raises JobError."""
-    if state not in TRANSITIONS.get(job.state, ()):
+    """``job`` moved to ``state`` (not yet told to the daemon); a move the job's lifecycle
+    (``core.lifecycle.JOB``) does not allow raises JobError."""
+    if not JOB.allows(job.state, state):
         raise JobError(f"job {job.booking} is {job.state}; it cannot become {state}")
     if "detail" in changes:
         changes["detail"] = one_line(changes["detail"])

@@ -177,7 +177,9 @@ class Runner:
     # -- deciding ----------------------------------------------------------------------
     def evaluate(self, booking_id: str) -> None:
         """Act on what the job of ``booking_id`` (if any) and its booking say now."""
-        from .jobs import MISSED, PENDING, RUNNING, START, advance, pending_decision
+        from resourced.core.lifecycle import MISSED, PENDING, RUNNING
+
+        from .jobs import START, advance, pending_decision
 
         job = self._load(booking_id)
         if job is None:
@@ -230,9 +232,10 @@ class Runner:
         import subprocess
         import sys
 
+        from resourced.core.lifecycle import RUNNING
         from resourced.errors import ResourcedError
 
-        from .jobs import RUNNING, advance, boot_id, command_env, process_start, save
+        from .jobs import advance, boot_id, command_env, process_start, save
 
         booking_id = job.booking
         try:
@@ -327,7 +330,7 @@ class Runner:
     # -- after a restart, and the daemon's view ----------------------------------------
     def recover(self) -> None:
         """Jobs marked running by an earlier runner: adopt those still there, end the rest."""
-        from .jobs import RUNNING
+        from resourced.core.lifecycle import RUNNING
 
         for booking_id in self._job_ids():
             job = self._load(booking_id)

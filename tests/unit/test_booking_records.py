@@ -3,10 +3,10 @@
 from dbus_fast import Variant
 
 from resourced.client.bookings import record, snake
-from resourced.daemon.bus.bookings import FIELDS, booking_fields, booking_record
 from resourced.core.calendar import Booking, BookingRequest
 from resourced.core.claims import Demand
 from resourced.core.inventory import Gpu
+from resourced.daemon.bus.bookings import FIELDS, booking_fields, booking_record
 
 
 def test_every_field_has_the_same_name_both_ways():

@@ -7,16 +7,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from resourced.core.calendar import (
-    ACTIVE,
-    ENDED,
-    SCHEDULED,
-    Blackout,
-    BookingRequest,
-    Calendar,
-    Limits,
-)
+from resourced.core.calendar import Blackout, BookingRequest, Calendar, Limits
 from resourced.core.claims import Demand
+from resourced.core.lifecycle import ACTIVE, ENDED, SCHEDULED
 from resourced.core.timeline import Timeline
 from resourced.errors import InvalidRequest, NoSuchClaim, NotClaimOwner, NotEnoughCapacity
 

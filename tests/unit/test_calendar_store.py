@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from resourced.daemon.store.calendar import LOG_NAME, SCHEMA, CalendarStore
 from resourced.core.calendar import Blackout, BookingRequest, Calendar, Limits, Notice
 from resourced.core.claims import Demand
 from resourced.core.timeline import Timeline
+from resourced.daemon.store.calendar import LOG_NAME, SCHEMA, CalendarStore
 from resourced.daemon.store.jsonlog import StoreError
 
 H = 3600 * 1_000_000

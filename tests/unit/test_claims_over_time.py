@@ -23,15 +23,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from resourced.core.calendar import (
-    ACTIVE,
-    ENDED,
-    SCHEDULED,
-    BookingRequest,
-    Calendar,
-    Limits,
-)
-from resourced.core.claims import BOOKING, GRANTED, ClaimRequest, Demand, ProcessRef
+from resourced.core.calendar import BookingRequest, Calendar, Limits
+from resourced.core.claims import BOOKING, ClaimRequest, Demand, ProcessRef
 from resourced.core.inventory import Gpu
 from resourced.core.ledger import (
     ClaimGranted,
@@ -41,6 +34,7 @@ from resourced.core.ledger import (
     ReclaimAsked,
     UntilChanged,
 )
+from resourced.core.lifecycle import ACTIVE, ENDED, GRANTED, SCHEDULED
 from resourced.core.pools import Pool
 from resourced.core.timeline import Hold
 from resourced.errors import InvalidRequest, NotEnoughCapacity, ResourcedError

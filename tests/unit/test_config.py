@@ -8,8 +8,17 @@ import pytest
 
 from resourced import config as config_module
 from resourced.config import (
-    CheckEntry, Config, ConfigError, DaemonConfig, GpuEntry, PoolEntry, RunnerConfig,
-    find_config, load_config, parse_config, reload_changes,
+    CheckEntry,
+    Config,
+    ConfigError,
+    DaemonConfig,
+    GpuEntry,
+    PoolEntry,
+    RunnerConfig,
+    find_config,
+    load_config,
+    parse_config,
+    reload_changes,
 )
 from resourced.errors import ResourcedError
 

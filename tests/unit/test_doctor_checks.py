@@ -7,9 +7,9 @@ import pytest
 
 from resourced import __version__
 from resourced.client import doctor
-from resourced.linux import install
 from resourced.core.diagnosis import FAIL, OK, SKIPPED, WARN, check, passed
 from resourced.daemon.self_check import proc_visibility
+from resourced.linux import install
 
 VIEW = {"backend": "nvml", "gpus": [
     {"index": i, "alias": f"gpu{i}", "slurm": False} for i in range(4)]}

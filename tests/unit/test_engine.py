@@ -8,10 +8,10 @@ import pytest
 
 from resourced.backends.simulated import SimulatedBackend
 from resourced.config import DaemonConfig
+from resourced.core.caller import Caller
 from resourced.core.claims import ClaimRequest, Demand, ProcessRef
 from resourced.core.clock import ManualClock
 from resourced.core.ledger import ClaimReleased
-from resourced.core.caller import Caller
 from resourced.daemon.engine.engine import Engine
 from resourced.errors import LimitExceeded
 

@@ -6,13 +6,28 @@ from pathlib import Path
 import pytest
 
 from resourced import errors
-from resourced.exits import EXIT_CODES, exit_code_for
 from resourced.errors import (
-    ALL_ERRORS, ERROR_PREFIX, UNREACHABLE_NAMES, AccessDenied, DaemonUnreachable, GPUsBusy,
+    ALL_ERRORS,
+    ERROR_PREFIX,
+    UNREACHABLE_NAMES,
+    AccessDenied,
+    DaemonUnreachable,
+    GPUsBusy,
     InteractionRequired,
-    Internal, InvalidRequest, NoSuchClaim, NotClaimOwner, NotEnoughGPUs, NotProcessOwner,
-    NoSuchPool, NotEnoughCapacity, QueueTimeout, ResourcedError, StillInUse, error_from_bus,
+    Internal,
+    InvalidRequest,
+    NoSuchClaim,
+    NoSuchPool,
+    NotClaimOwner,
+    NotEnoughCapacity,
+    NotEnoughGPUs,
+    NotProcessOwner,
+    QueueTimeout,
+    ResourcedError,
+    StillInUse,
+    error_from_bus,
 )
+from resourced.exits import EXIT_CODES, exit_code_for
 
 DOCUMENTED_EXIT_CODES = {
     Internal: 1,

@@ -9,8 +9,18 @@ import pytest
 
 from resourced.config import CheckEntry
 from resourced.core.health import (
-    ERROR, NOT_MEASURED, OK, STOP, UNAVAILABLE, WARN, HealthBook, LevelChanged, Measurement,
-    level_for, limits_of, worst,
+    ERROR,
+    NOT_MEASURED,
+    OK,
+    STOP,
+    UNAVAILABLE,
+    WARN,
+    HealthBook,
+    LevelChanged,
+    Measurement,
+    level_for,
+    limits_of,
+    worst,
 )
 
 GIB = 1024**3

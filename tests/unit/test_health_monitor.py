@@ -6,11 +6,18 @@ import time
 
 import pytest
 
-from resourced.daemon import health_monitor
 from resourced.config import CheckEntry
 from resourced.core.health import (
-    ERROR, NOT_MEASURED, OK, STOP, UNAVAILABLE, WARN, LevelChanged, Measurement,
+    ERROR,
+    NOT_MEASURED,
+    OK,
+    STOP,
+    UNAVAILABLE,
+    WARN,
+    LevelChanged,
+    Measurement,
 )
+from resourced.daemon import health_monitor
 from resourced.daemon.health_monitor import HealthMonitor
 
 GIB = 1024**3

@@ -14,19 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from resourced.runner import jobs
-from resourced.runner.jobs import (
+from resourced.core.lifecycle import (
     CANCELLED,
     FAILED,
+    JOB,
+    JOB_STATES,
     MISSED,
     PENDING,
     RUNNING,
-    START,
     SUCCEEDED,
     TIMED_OUT,
-    Job,
-    JobError,
 )
+from resourced.runner import jobs
+from resourced.runner.jobs import START, Job, JobError
 
 SEC = 1_000_000
 T0 = 1_800_000_000 * SEC
@@ -162,8 +162,8 @@ def test_the_moves_a_job_may_make():
         jobs.advance(job(), SUCCEEDED)  # it never ran
     with pytest.raises(JobError):
         jobs.advance(running, MISSED)
-    for final in jobs.FINAL:
-        for state in jobs.STATES:
+    for final in JOB.final:
+        for state in JOB_STATES:
             with pytest.raises(JobError):
                 jobs.advance(job(state=final), state)
 

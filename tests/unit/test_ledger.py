@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from resourced.core.claims import GRANTED, MODES, QUEUED, Claim, ClaimRequest, Demand, ProcessRef
+from resourced.core.claims import MODES, Claim, ClaimRequest, Demand, ProcessRef
 from resourced.core.inventory import Gpu
 from resourced.core.ledger import (
     ClaimGranted,
@@ -15,6 +15,7 @@ from resourced.core.ledger import (
     ReclaimAsked,
     ReclaimWithdrawn,
 )
+from resourced.core.lifecycle import GRANTED, QUEUED
 from resourced.core.pools import BYTES, Pool
 from resourced.errors import (
     GPUsBusy,

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
-from resourced.core.claims import GRANTED, MODES, QUEUED, ClaimRequest, Demand, ProcessRef
+from resourced.core.claims import MODES, ClaimRequest, Demand, ProcessRef
 from resourced.core.inventory import Gpu
 from resourced.core.ledger import (
     ClaimGranted,
@@ -33,7 +33,9 @@ from resourced.core.ledger import (
     ReclaimAsked,
     ReclaimWithdrawn,
 )
+from resourced.core.lifecycle import GRANTED, QUEUED
 from resourced.core.pools import Pool
+from resourced.daemon.store.claims import claim_from_record, claim_to_record
 from resourced.errors import (
     GPUsBusy,
     NoSuchClaim,
@@ -41,7 +43,6 @@ from resourced.errors import (
     NotEnoughCapacity,
     NotEnoughGPUs,
 )
-from resourced.daemon.store.claims import claim_from_record, claim_to_record
 
 POOLS = ("cpu", "ram")
 RECLAIM_EVENTS = (ReclaimAsked, ReclaimWithdrawn)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from resourced.core.health import ERROR, NOT_MEASURED, OK, STOP, UNAVAILABLE, WARN
 from resourced.notify.service import (
     BOOKINGS,
     OPENS_KEPT,
@@ -23,7 +24,6 @@ from resourced.notify.service import (
     spawn_detached,
     terminal_command,
 )
-from resourced.core.health import ERROR, NOT_MEASURED, OK, STOP, UNAVAILABLE, WARN
 
 from ..conftest import assert_systemd_accepts
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from resourced.core.claims import GRANTED, QUEUED, Claim, ClaimRequest, Demand, ProcessRef
+from resourced.core.claims import Claim, ClaimRequest, Demand, ProcessRef
 from resourced.core.inventory import Gpu
 from resourced.core.ledger import (
     ClaimGranted,
@@ -21,6 +21,7 @@ from resourced.core.ledger import (
     ReclaimAsked,
     ReclaimWithdrawn,
 )
+from resourced.core.lifecycle import GRANTED, QUEUED
 from resourced.core.pools import Pool
 from resourced.errors import GPUsBusy, NotEnoughCapacity, NotEnoughGPUs
 

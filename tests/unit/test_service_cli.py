@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from resourced.linux import install
 from resourced.cli import main
 from resourced.cli import service as service_cli
+from resourced.linux import install
 
 ROOT = Path(__file__).resolve().parents[2]
 

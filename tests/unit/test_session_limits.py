@@ -15,19 +15,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
 import resourced.daemon.engine.engine as engine_module
-from resourced.core.calendar import ENDED, SCHEDULED
-from resourced.core.claims import (
-    GRANTED,
-    QUEUED,
-    ClaimRequest,
-    Demand,
-    ProcessRef,
-    check_session,
-)
+from resourced.core.caller import Caller
+from resourced.core.claims import ClaimRequest, Demand, ProcessRef, check_session
 from resourced.core.inventory import Gpu
 from resourced.core.ledger import ClaimReleased, Ledger, StopAsked
+from resourced.core.lifecycle import ENDED, GRANTED, QUEUED, SCHEDULED
 from resourced.core.pools import Pool
-from resourced.core.caller import Caller
+from resourced.daemon.store.claims import claim_from_record, claim_to_record
 from resourced.errors import (
     InvalidRequest,
     LimitExceeded,
@@ -36,7 +30,6 @@ from resourced.errors import (
     NotEnoughCapacity,
     NotEnoughGPUs,
 )
-from resourced.daemon.store.claims import claim_from_record, claim_to_record
 
 from .test_calendar import ALICE, BOB, GPUS, NOW, H, ask, calendar
 from .test_engine import USER, engine_on, run

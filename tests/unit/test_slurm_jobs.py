@@ -8,9 +8,9 @@ from resourced.core.attribution import ProcInfo
 from resourced.core.claims import SLURM, ClaimRequest, Demand, ProcessRef
 from resourced.core.inventory import Gpu
 from resourced.core.ledger import ClaimGranted, ClaimReleased, Ledger
+from resourced.daemon.engine.slurm_jobs import job_label, job_steps, slurm_gpus, step_job
 from resourced.errors import NotEnoughGPUs
 from resourced.slurm.hooks import job_gpus
-from resourced.daemon.engine.slurm_jobs import job_label, job_steps, slurm_gpus, step_job
 
 GPUS = [Gpu(i, f"GPU-{i}", "sim", 80 << 30, f"0000:0{i}:00.0", "big" if i == 3 else "")
         for i in range(4)]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resourced.core.claims import GRANTED, MODES, QUEUED, Claim, Demand, ProcessRef
+from resourced.core.claims import MODES, Claim, Demand, ProcessRef
 from resourced.core.ledger import (
     ClaimGranted,
     ClaimQueued,
@@ -18,7 +18,7 @@ from resourced.core.ledger import (
     ReclaimAsked,
     ReclaimWithdrawn,
 )
-from resourced.daemon.store.jsonlog import StoreError
+from resourced.core.lifecycle import GRANTED, QUEUED
 from resourced.daemon.store.claims import (
     FORMAT,
     ClaimStore,
@@ -26,6 +26,7 @@ from resourced.daemon.store.claims import (
     claim_to_record,
     prepare_runtime_dir,
 )
+from resourced.daemon.store.jsonlog import StoreError
 
 BOOT = "boot-a"
 

@@ -1,8 +1,7 @@
+import re
 from datetime import UTC, datetime, timedelta, timezone
 
 import click
-import re
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st

@@ -17,8 +17,6 @@ import pwd
 
 from resourced.config import DaemonConfig
 from resourced.core.calendar import (
-    ACTIVE,
-    ENDED,
     Blackout,
     Booking,
     BookingEvent,
@@ -30,6 +28,7 @@ from resourced.core.calendar import (
 from resourced.core.caller import Caller
 from resourced.core.claims import BOOKING
 from resourced.core.clock import utc_text, whole_second
+from resourced.core.lifecycle import ACTIVE, BOOKING_ENDED, ENDED, EXPIRED
 from resourced.errors import Internal, InvalidRequest, NoSuchClaim, quoted
 from resourced.linux.sd import audit
 
@@ -198,7 +197,7 @@ class CalendarOperations:
             if event.what == "started":
                 self._start_booking(b)
             elif event.what == "ended" and b.id in self.ledger.claims:
-                self._end(b.id, "expired" if b.ended == "expired" else "booking-" + b.ended,
+                self._end(b.id, EXPIRED if b.ended == EXPIRED else BOOKING_ENDED + b.ended,
                           None, b.reason)
             elif event.what == "changed" and b.state == ACTIVE and b.id in self.ledger.claims:
                 self._commit(self.ledger.set_end(b.id, b.end_usec))

@@ -26,20 +26,12 @@ from dataclasses import dataclass, replace
 from resourced.backends import Backend, NoGpus
 from resourced.config import DaemonConfig, GpuEntry, SlurmConfig
 from resourced.core.attribution import attribute, children_of, claim_processes, descendants
-from resourced.core.calendar import (
-    ACTIVE,
-    ENDED,
-    Booking,
-    BookingEvent,
-    Calendar,
-)
+from resourced.core.calendar import Booking, BookingEvent, Calendar
 from resourced.core.caller import Caller
 from resourced.core.claims import (
     BOOKING,
     BOOKING_PRIORITY,
-    GRANTED,
     MODES,
-    QUEUED,
     SLURM,
     Claim,
     ClaimRequest,
@@ -61,6 +53,21 @@ from resourced.core.ledger import (
     ReclaimAsked,
     StopAsked,
     UntilChanged,
+)
+from resourced.core.lifecycle import (
+    ACTIVE,
+    CANCELLED,
+    DEAD_OWNER,
+    ENDED,
+    EXPIRED,
+    FORCED,
+    GRANTED,
+    IDLE,
+    JOB_ENDED,
+    QUEUED,
+    RELEASED,
+    STOPPED,
+    TIMEOUT,
 )
 from resourced.core.pools import Pool
 from resourced.core.usage import Hold as UsageHold
@@ -346,7 +353,7 @@ class Engine(CalendarOperations):
             claim = ledger.claims[claim_id]
             return claim, [*warnings, *self.until_warning(claim)]
         claim = self.ledger.claims.get(claim_id)
-        self._commit(events, undo=lambda: claim and self.ledger.release(claim_id, "cancelled"))
+        self._commit(events, undo=lambda: claim and self.ledger.release(claim_id, CANCELLED))
         if refusal is not None:
             for _, fd in pinned:
                 os.close(fd)
@@ -419,11 +426,11 @@ class Engine(CalendarOperations):
         claim = self._check_owner(caller, self.ledger.get(claim_id), admin)
         if claim.state == QUEUED:
             if not dry_run:
-                self._end(claim_id, "cancelled", caller, reason)
+                self._end(claim_id, CANCELLED, caller, reason)
             return []
         # The check runs forced or not, so that "forced" in the audit trail means it
         # overrode something (a lease's own release is a plain release).
-        warnings, how = [], "released"
+        warnings, how = [], RELEASED
         evidence = await self.probe.processes()
         self._saw(evidence)
         in_use = await self._processes_on_gpus_of(self.ledger.get(claim_id), evidence)
@@ -435,7 +442,7 @@ class Engine(CalendarOperations):
             raise StillInUse(f"claim {claim_id} still has processes on its GPUs: {listed}; "
                              "stop them, or release with --force")
         if force and (in_use or reason or caller.uid != claim.uid):
-            how = "forced"
+            how = FORCED
         if not dry_run:
             self._end(claim_id, how, caller, reason)
         return warnings
@@ -468,7 +475,7 @@ class Engine(CalendarOperations):
             return made
         claim_id = self._new_id()
         events = self.ledger.start_job(claim_id, job, uuids, uid, user, label, self.clock())
-        self._commit(events, undo=lambda: self.ledger.release(claim_id, "cancelled"))
+        self._commit(events, undo=lambda: self.ledger.release(claim_id, CANCELLED))
         for uuid in uuids:
             if uuid not in self.ledger.slurm:
                 log.warning("Slurm job %s runs on %s, which [slurm] gpus does not give Slurm",
@@ -481,7 +488,7 @@ class Engine(CalendarOperations):
         claim = self._job_claim(job)
         if claim is None:
             return []
-        self._end(claim.id, "job-ended", None, "")
+        self._end(claim.id, JOB_ENDED, None, "")
         return [claim.id]
 
     def _job_gpu(self, name: str) -> str:
@@ -503,7 +510,7 @@ class Engine(CalendarOperations):
         now = self.clock()
         for claim in list(self.ledger.claims.values()):
             if claim.job and not claim.members and now - claim.created_usec > JOB_START_GRACE:
-                self._end(claim.id, "job-ended", None,
+                self._end(claim.id, JOB_ENDED, None,
                           f"no process of Slurm job {claim.job} appeared in "
                           f"{JOB_START_GRACE // 1_000_000} s")
 
@@ -540,7 +547,7 @@ class Engine(CalendarOperations):
                                                admin=uid != caller.uid))
         for claim in claims:
             if claim.id in self.ledger.claims:
-                self._end(claim.id, "stopped", caller, reason)
+                self._end(claim.id, STOPPED, caller, reason)
         return claims, stopped
 
     def _arm_timeout(self, claim: Claim) -> None:
@@ -620,12 +627,12 @@ class Engine(CalendarOperations):
                   "holds", priority=5, claim=claim_id, uid=claim.uid, event="overdue")
             self._commit(self.ledger.overdue(claim_id, busy=None))
         else:
-            self._end(claim_id, "expired", None, "")
+            self._end(claim_id, EXPIRED, None, "")
 
     def _queue_timeout(self, claim_id: str) -> None:
         claim = self.ledger.claims.get(claim_id)
         if claim is not None and claim.state == QUEUED:
-            self._commit(self.ledger.release(claim_id, "timeout", busy=None))
+            self._commit(self.ledger.release(claim_id, TIMEOUT, busy=None))
 
     def _audit_refusal(self, caller: Caller, demand: Demand, exc: ResourcedError) -> None:
         audit(f"refused {self.ledger.describe(demand)} to uid {caller.uid}: {exc.message}",
@@ -643,7 +650,7 @@ class Engine(CalendarOperations):
     def withdraw(self, claim_id: str, why: str) -> None:
         """Take a queued claim out of the queue for a reason of resourced's (audited)."""
         if (claim := self.ledger.claims.get(claim_id)) is not None and claim.state == QUEUED:
-            self._end(claim_id, "cancelled", None, why)
+            self._end(claim_id, CANCELLED, None, why)
 
     def holder_of(self, gpu_name: str) -> Claim:
         """The claim holding a GPU named by alias, index or UUID."""
@@ -815,7 +822,7 @@ class Engine(CalendarOperations):
             if claim.id not in self.ledger.claims or await self._processes_on_gpus_of(claim, evidence):
                 continue
             if claim.id in self.ledger.claims:  # still there after the await
-                self._end(claim.id, "dead-owner", None,
+                self._end(claim.id, DEAD_OWNER, None,
                           f"owner {claim.owner.pid} dead for {self.settings.dead_owner_grace:g} s")
 
     async def _observe_use(self) -> bool:
@@ -858,7 +865,7 @@ class Engine(CalendarOperations):
             if self.ledger.claims[claim_id].mode == BOOKING:
                 self._no_show(claim_id)
             else:
-                self._end(claim_id, "idle", None,
+                self._end(claim_id, IDLE, None,
                           f"no process on its GPUs for {self.settings.idle_after:g} s")
         return True
 
@@ -1033,7 +1040,7 @@ class Engine(CalendarOperations):
     def _end(self, claim_id: str, how: str, caller: Caller | None, reason: str) -> None:
         claim = self.ledger.get(claim_id)
         events = self.ledger.release(claim_id, how, busy=None)
-        if reason or how == "forced":
+        if reason or how == FORCED:
             who = f"uid {caller.uid}" if caller else "resourced"
             by_owner = caller is not None and caller.uid == claim.uid
             audit(f"{how} release of {claim_id} by {who}: {reason or 'no reason given'}",
