@@ -91,6 +91,20 @@ class BookingRequest:
         check_text("label", self.label)
         check_text("task name", self.task_name)
 
+    @property
+    def takes(self) -> Demand:
+        """What it holds: an exclusive VRAM booking takes a whole GPU (one with enough
+        memory)."""
+        d = self.demand
+        return Demand(1, 0, d.pools) if self.exclusive and d.vram else d
+
+    def on(self, memory: dict[str, int]) -> frozenset[str] | None:
+        """The GPUs (of those with ``memory``) it may be placed on; None: any."""
+        gpus = set(self.named or memory) - set(self.excluded)
+        if self.exclusive and self.demand.vram:
+            gpus = {u for u in gpus if memory[u] >= self.demand.vram}
+        return None if gpus == set(memory) else frozenset(gpus)
+
     def fingerprint(self) -> str:
         """The same for the same request, whatever the start resolved to."""
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
@@ -277,7 +291,7 @@ class Calendar:
             raise InvalidRequest(f"a booking may last at most {_span(self.limits.longest)}")
         if end_usec > old.end_usec:
             added = replace(old.request, duration_usec=end_usec - old.end_usec, start_usec=None)
-            placed = self.timeline.fit(self._demand(added), old.end_usec, added.duration_usec,
+            placed = self.timeline.fit(added.takes, old.end_usec, added.duration_usec,
                                        frozenset({booking_id}), frozenset(old.gpus),
                                        self._blocked())
             if placed is None or _gpus(*placed) != old.gpus:
@@ -396,8 +410,8 @@ class Calendar:
             self._check_horizon(request.start_usec, now)
         found, not_before = [], max(now, request.start_usec or now)
         while len(found) < count:
-            fit = self.timeline.earliest(self._demand(request), request.duration_usec,
-                                         not_before, allowed=self._allowed(request),
+            fit = self.timeline.earliest(request.takes, request.duration_usec,
+                                         not_before, allowed=request.on(self.timeline.memory),
                                          blocked=self._blocked())
             if fit is None or (self.limits.horizon and fit[0] - now > self.limits.horizon * 1e6):
                 break  # never, or not within the horizon: book would refuse it
@@ -452,7 +466,8 @@ class Calendar:
         inside a blackout added since."""
         duration = request.duration_usec
         self._check_request(request)
-        demand, allowed, blocked = self._demand(request), self._allowed(request), self._blocked(kept)
+        demand, allowed = request.takes, request.on(self.timeline.memory)
+        blocked = self._blocked(kept)
         start = request.start_usec
         if start is not None:
             if start < now:
@@ -472,14 +487,14 @@ class Calendar:
 
     def _refusal(self, request, demand, start, now, ignore, blocked) -> str:
         """Why an exact start does not fit, and the nearest start that would (and where)."""
-        args = (ignore, self._allowed(request), blocked)
+        allowed = request.on(self.timeline.memory)
+        args = (ignore, allowed, blocked)
         after = self.timeline.earliest(demand, request.duration_usec, start, *args)
         before = self.timeline.latest_before(demand, request.duration_usec, start, now, *args)
         nearest = min((f for f in (after, before) if f is not None),
                       key=lambda f: abs(f[0] - start), default=None)
-        why = ("falls in a blackout" if self.timeline.fit(demand, start, request.duration_usec,
-                                                           ignore, self._allowed(request)) is not None
-               else "does not fit then")
+        unblocked = self.timeline.fit(demand, start, request.duration_usec, ignore, allowed)
+        why = "falls in a blackout" if unblocked is not None else "does not fit then"
         if nearest is None:
             return f"{_describe(demand)} {why}, and never fits"
         where = ", ".join(self.labels.get(u, u) for u in _gpus(*nearest[1:])) or "the pools"
@@ -490,41 +505,11 @@ class Calendar:
         """What makes a request impossible whenever it is: too long, more than there is."""
         if self.limits.longest and request.duration_usec > self.limits.longest * 1e6:
             raise InvalidRequest(f"a booking may last at most {_span(self.limits.longest)}")
-        self._check_satisfiable(request, self._demand(request), self._allowed(request))
+        _check_satisfiable(request, self.timeline)
 
     def _check_horizon(self, start: int, now: int) -> None:
         if self.limits.horizon and start - now > self.limits.horizon * 1e6:
             raise InvalidRequest(f"bookings may start at most {_span(self.limits.horizon)} ahead")
-
-    def _check_satisfiable(self, request: BookingRequest, demand: Demand,
-                           allowed: frozenset[str] | None) -> None:
-        gpus = [u for u in self.timeline.memory if allowed is None or u in allowed]
-        unknown = set(request.named + request.excluded) - set(self.timeline.memory)
-        if unknown:
-            raise InvalidRequest(f"no GPU {quoted(min(unknown))}")
-        if demand.gpus > len(gpus):
-            raise InvalidRequest(f"{demand.gpus} GPU(s) wanted, {len(gpus)} may be used")
-        biggest = max(self.timeline.memory.values(), default=0)
-        if request.demand.vram > biggest:
-            raise InvalidRequest(f"{format_amount(request.demand.vram, 'bytes')} of VRAM wanted, "
-                                 f"the largest GPU has {format_amount(biggest, 'bytes')}")
-        for name, amount in demand.pools:
-            if name not in self.timeline.capacity:
-                raise InvalidRequest(f"no pool {quoted(name)}")
-            if amount > self.timeline.capacity[name]:
-                raise InvalidRequest(f"more {name} than the pool holds")
-
-    @staticmethod
-    def _demand(request: BookingRequest) -> Demand:
-        """An exclusive VRAM booking takes a whole GPU (one with enough memory)."""
-        d = request.demand
-        return Demand(1, 0, d.pools) if request.exclusive and d.vram else d
-
-    def _allowed(self, request: BookingRequest) -> frozenset[str] | None:
-        gpus = set(request.named or self.timeline.memory) - set(request.excluded)
-        if request.exclusive and request.demand.vram:
-            gpus = {u for u in gpus if self.timeline.memory[u] >= request.demand.vram}
-        return None if gpus == set(self.timeline.memory) else frozenset(gpus)
 
     def _blocked(self, kept: tuple[int, int] | None = None) -> tuple[tuple[int, int], ...]:
         """The blackout windows, less the time ``kept`` (what an edited booking had)."""
@@ -633,3 +618,23 @@ def _span(seconds: float) -> str:
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
     return f"{seconds:g}s"
+
+
+def _check_satisfiable(request: BookingRequest, timeline: Timeline) -> None:
+    """What makes a request impossible on this inventory, whenever it is."""
+    demand, allowed = request.takes, request.on(timeline.memory)
+    gpus = [u for u in timeline.memory if allowed is None or u in allowed]
+    unknown = set(request.named + request.excluded) - set(timeline.memory)
+    if unknown:
+        raise InvalidRequest(f"no GPU {quoted(min(unknown))}")
+    if demand.gpus > len(gpus):
+        raise InvalidRequest(f"{demand.gpus} GPU(s) wanted, {len(gpus)} may be used")
+    biggest = max(timeline.memory.values(), default=0)
+    if request.demand.vram > biggest:
+        raise InvalidRequest(f"{format_amount(request.demand.vram, 'bytes')} of VRAM wanted, "
+                             f"the largest GPU has {format_amount(biggest, 'bytes')}")
+    for name, amount in demand.pools:
+        if name not in timeline.capacity:
+            raise InvalidRequest(f"no pool {quoted(name)}")
+        if amount > timeline.capacity[name]:
+            raise InvalidRequest(f"more {name} than the pool holds")

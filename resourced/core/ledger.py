@@ -37,18 +37,14 @@ priority above every caller's; its hold is the booking's own.
 Every mutation returns the events it caused; the caller persists, then publishes them.
 """
 
-import bisect
 import operator
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
 from resourced.errors import (
-    GPUsBusy,
     InvalidRequest,
     NoSuchClaim,
-    NoSuchPool,
-    NotEnoughCapacity,
     NotEnoughGPUs,
     ResourcedError,
     quoted,
@@ -59,7 +55,9 @@ from .inventory import Gpu
 from .lifecycle import CLAIM, ENDED, GRANTED, JOB_ENDED, OWNER_EXITED, QUEUED, RELEASED
 from .pools import Pool, format_amount
 from .timeline import Hold, Timeline
-from .view import GPUS, View
+from .queue import WaitQueue, count, counted, rank
+from .refusals import never_fits, short_now
+from .view import View
 
 NO_MEMBERS: frozenset = frozenset()
 """The members of most claims: one empty set for all (each made its own, 200 bytes)."""
@@ -173,14 +171,11 @@ class Ledger:
         self._shares: dict[str, dict[str, int]] = {}   # GPU uuid -> claim id -> VRAM bytes
         self._used: dict[str, int] = {name: 0 for name in self.pools}
         self._no_wait: set[str] = set()                # queued for one walk only
-        self._queue: list[Claim] = []                  # waiting claims, in serving order
-        self._lanes: dict[str, list[Claim]] = {}       # want -> the waiting claims with it
+        self.waiting = WaitQueue()
         # uid, and (uid, session) -> its claims (any state), waiting claims, GPUs (whole,
         # or one per share; granted or waited for): what the limits count
         self._claims_of: Counter = Counter()
-        self._waiting_of: Counter = Counter()
         self._gpus_of: Counter = Counter()
-        self._gpu_waiting = 0                          # waiting claims that want GPUs/VRAM
         self._reclaimable: set[str] = set()            # granted claims that may be asked back
         self._asked: set[str] = set()                  # claims asked back now (reclaim_for)
         self._bounded: set[str] = set()                # granted until a booking's start
@@ -215,21 +210,10 @@ class Ledger:
     def pool_free(self, name: str) -> int:
         return self.pools[name].capacity - self._used[name]
 
-    def queue(self) -> list[Claim]:
-        """Waiting claims in the order they will be served."""
-        return list(self._queue)
-
-    def queued_count(self) -> int:
-        return len(self._queue)
-
-    def waiting_for_gpus(self) -> bool:
-        """Whether a waiting claim wants GPUs or VRAM (a walk then needs fresh evidence)."""
-        return self._gpu_waiting > 0
-
     def counts_of(self, uid: int, session: str | None = None) -> tuple[int, int, int]:
         """(claims, waiting claims, GPUs) of one user, or of one of its sessions."""
         key = uid if session is None else (uid, session)
-        return self._claims_of[key], self._waiting_of[key], self._gpus_of[key]
+        return self._claims_of[key], self.waiting.of[key], self._gpus_of[key]
 
     def describe(self, d: Demand) -> str:
         """``2 GPU(s), ram 32G, cpu 8`` for logs and messages."""
@@ -267,7 +251,7 @@ class Ledger:
         """
         if claim_id in self.claims:
             raise InvalidRequest(f"claim id {claim_id!r} is taken")
-        self._check_satisfiable(request.demand)
+        never_fits(self, request.demand)
         self._seq += 1
         claim = Claim(
             id=claim_id, mode=request.mode, demand=request.demand, owner=request.owner,
@@ -281,11 +265,11 @@ class Ledger:
             reply_serial=request.reply_serial if wait else 0,
             isolated=request.isolated,
         )
-        if not wait and not self._queue and busy is not None:
+        if not wait and not self.waiting and busy is not None:
             # Nobody waits: the walk would visit this claim alone and grant it where it
             # fits, so that is done here, without queueing it for the walk (a third of
             # the cost of an uncontended claim).  What does not fit takes the walk.
-            placed = self._view(busy, gpus=claim.demand.wants_gpu).place(claim.demand, claim.on)
+            placed = self.view(busy, gpus=claim.demand.wants_gpu).place(claim.demand, claim.on)
             if placed is not None:
                 claim.state = CLAIM.move(claim.state, GRANTED)
                 self._add(claim)
@@ -299,7 +283,7 @@ class Ledger:
             return events, None
         if wait:
             return [ClaimQueued(claim), *events], None
-        refusal = self._refusal(claim, busy)
+        refusal = short_now(self, claim, busy)
         self._remove(claim)
         self._no_wait.discard(claim_id)
         return events, refusal
@@ -479,7 +463,7 @@ class Ledger:
         return refused
 
     # -- the walk --------------------------------------------------------------------
-    def _view(self, busy: frozenset[str], gpus: bool = True) -> View:
+    def view(self, busy: frozenset[str], gpus: bool = True) -> View:
         """What is free now; without ``gpus``, the pools alone (no GPU free): for a walk
         in which no one wants a GPU, which then reads none of them."""
         if not gpus:
@@ -499,23 +483,23 @@ class Ledger:
 
     def _schedule(self, busy: frozenset[str] | None) -> list[Event]:
         if busy is None:
-            if self._gpu_waiting:
+            if self.waiting.wanting_gpus:
                 return []
             busy = frozenset()  # nobody waits for a GPU: the evidence does not matter
-        if not self._queue:
+        if not self.waiting:
             return self._ask_back({})
         events: list[Event] = []
         plan: dict[str, Claim] = {}  # claim asked back -> the waiter it makes room for
-        view = self._view(busy, gpus=self.waiting_for_gpus())
+        view = self.view(busy, gpus=bool(self.waiting.wanting_gpus))
         candidates = self._reclaim_candidates()
-        for claim in self._waiters_to_visit(view, bool(candidates)):
+        for claim in self.waiting.visit(view, bool(candidates)):
             if view.exhausted_for(claim.demand) and (
                     not candidates or candidates[0].priority >= claim.priority):
                 continue  # nothing it wants is left, and nothing may be asked back for it
             placed = view.place(claim.demand, claim.on)
             if placed is not None:
                 view.take(claim.demand, *placed)
-                self._unqueue(claim)
+                self.waiting.remove(claim)
                 self._hold(claim, *placed)
                 claim.state = CLAIM.move(claim.state, GRANTED)
                 claim.queue_deadline_usec = 0
@@ -526,34 +510,6 @@ class Ledger:
                     plan[asked.id] = claim
                 view.reserve(claim.demand, claim.on)
         return events + self._ask_back(plan)
-
-    def _waiters_to_visit(self, view: View, reclaim: bool) -> Iterator[Claim]:
-        """The waiters a walk must look at, in serving order: those that want something
-        the view still has.  The others could neither be placed nor reserve anything,
-        so with 2,000 waiters for GPUs and every GPU held, a walk for a pool amount
-        visits none of them.  (With claims that may be asked back, all are visited.)
-
-        Each want has its lane (a sorted sub-queue); the walk merges the lanes whose want
-        is left, and drops a lane as soon as the view runs out of its want: the view
-        only shrinks during a walk, so a dropped lane never comes back."""
-        if reclaim:
-            yield from list(self._queue)
-            return
-        lanes = {want: list(q) for want, q in self._lanes.items() if q and view.has(want)}
-        at = dict.fromkeys(lanes, 0)
-        seen: set[str] = set()
-        while lanes:
-            want = min(lanes, key=lambda w: _rank(lanes[w][at[w]]))
-            claim = lanes[want][at[want]]
-            at[want] += 1
-            if at[want] == len(lanes[want]):
-                del lanes[want]
-            if claim.id in seen:  # in two lanes: a GPU and a pool amount, say
-                continue
-            seen.add(claim.id)
-            yield claim
-            for gone in [w for w in lanes if not view.has(w)]:
-                del lanes[gone]
 
     def _reclaim_candidates(self) -> list[Claim]:
         """The granted reclaimable claims in the order they are asked back: lowest priority
@@ -611,29 +567,17 @@ class Ledger:
     # -- indexes ---------------------------------------------------------------------
     def _add(self, claim: Claim) -> None:
         self.claims[claim.id] = claim
-        _count(self._claims_of, claim, 1)
-        _count(self._gpus_of, claim, claim.demand.gpu_count)
+        count(self._claims_of, claim, 1)
+        count(self._gpus_of, claim, claim.demand.gpu_count)
         if claim.state == QUEUED:
-            bisect.insort(self._queue, claim, key=_rank)
-            for want in _wants(claim.demand):
-                bisect.insort(self._lanes.setdefault(want, []), claim, key=_rank)
-            _count(self._waiting_of, claim, 1)
-            self._gpu_waiting += claim.demand.wants_gpu
+            self.waiting.add(claim)
 
     def _remove(self, claim: Claim) -> None:
         del self.claims[claim.id]
-        _count(self._claims_of, claim, -1)
-        _count(self._gpus_of, claim, -claim.demand.gpu_count)
+        count(self._claims_of, claim, -1)
+        count(self._gpus_of, claim, -claim.demand.gpu_count)
         if claim.state == QUEUED:
-            self._unqueue(claim)
-
-    def _unqueue(self, claim: Claim) -> None:
-        for queue in [self._queue, *(self._lanes[want] for want in _wants(claim.demand))]:
-            i = bisect.bisect_left(queue, _rank(claim), key=_rank)
-            assert queue[i] is claim, f"{claim.id} is not where the queue says"
-            del queue[i]
-        self._gpu_waiting -= claim.demand.wants_gpu
-        _count(self._waiting_of, claim, -1)
+            self.waiting.remove(claim)
 
     # -- holding ---------------------------------------------------------------------
     def _hold(self, claim: Claim, whole: tuple[str, ...], share: str) -> None:
@@ -693,58 +637,6 @@ class Ledger:
             self._used[name] -= amount
 
     # -- refusals --------------------------------------------------------------------
-    def _check_satisfiable(self, d: Demand) -> None:
-        ours = len(self.gpus) - len(self.slurm)
-        if d.gpus > ours:
-            slurm = f" besides the {len(self.slurm)} Slurm schedules" if self.slurm else ""
-            raise NotEnoughGPUs(f"{d.gpus} GPU(s) requested, the machine has {ours}{slurm}")
-        for name, amount in d.pools:
-            pool = self.pools.get(name)
-            if pool is None:
-                raise NoSuchPool(f"no pool {quoted(name)}; pools: {', '.join(sorted(self.pools)) or 'none'}")
-            if amount > pool.capacity:
-                raise NotEnoughCapacity(
-                    f"{format_amount(amount, pool.unit)} of {name} requested, "
-                    f"the pool holds {format_amount(pool.capacity, pool.unit)}")
-        biggest = max((g.memory_bytes for u, g in self.gpus.items() if u not in self.slurm),
-                      default=0)
-        if d.vram > biggest:
-            raise NotEnoughCapacity(f"{format_amount(d.vram, 'bytes')} of VRAM requested, "
-                                    f"the largest GPU has {format_amount(biggest, 'bytes')}")
-
-    def _refusal(self, claim: Claim, busy: frozenset[str]) -> ResourcedError:
-        """The error for a request that could not be granted now, saying what is short."""
-        queue = self.queue()
-        ahead = queue[: queue.index(claim)]
-        free_view = self._view(busy)
-        for waiter in ahead:  # all blocked: what they reserve is not free for this one
-            free_view.reserve(waiter.demand)
-        d = claim.demand
-        after = f" ({len(ahead)} waiting claim(s) ahead of it)" if ahead else ""
-        if len(free_view.free) < d.gpus:
-            if len(free_view.free) + free_view.busy_free >= d.gpus:
-                return GPUsBusy(f"{d.gpus} GPU(s) requested, {len(free_view.free) + free_view.busy_free} "
-                                f"unclaimed but {free_view.busy_free} of them run processes nobody "
-                                f"claimed{after}")
-            return NotEnoughGPUs(f"{d.gpus} GPU(s) requested, {len(free_view.free)} free{after}")
-        for name, amount in d.pools:
-            unit = self.pools[name].unit
-            if free_view.pools[name] < amount:
-                return NotEnoughCapacity(f"{format_amount(amount, unit)} of {name} requested, "
-                                         f"{format_amount(free_view.pools[name], unit)} free{after}")
-        if d.vram:
-            most = max(free_view.vram.values(), default=0)
-            if most < d.vram and (room := [
-                    self.gpus[g.uuid].label for g in self.free_gpus()
-                    if g.uuid in busy and g.memory_bytes >= d.vram]):
-                return GPUsBusy(f"{format_amount(d.vram, 'bytes')} of VRAM requested: it "
-                                f"fits only on {', '.join(room)}, where processes nobody "
-                                f"claimed run{after}")
-            if most < d.vram:
-                return NotEnoughCapacity(f"{format_amount(d.vram, 'bytes')} of VRAM requested, "
-                                         f"at most {format_amount(most, 'bytes')} free on one GPU{after}")
-        return NotEnoughCapacity(f"the request does not fit now: reserved for{after or ' others'}")
-
     def _restore_problem(self, claim: Claim) -> str:
         if claim.id in self.claims:
             return "duplicate id"
@@ -796,15 +688,10 @@ class Ledger:
         assert holder == self._holder, "holder index out of step with the claims"
         assert shares == self._shares, "share index out of step with the claims"
         assert used == self._used, "pool use out of step with the claims"
-        waiting = sorted((c for c in self.claims.values() if c.state == QUEUED), key=_rank)
-        assert waiting == self._queue, "queue index out of step with the claims"
-        lanes = {want: [c for c in waiting if want in _wants(c.demand)] for want in self._lanes}
-        assert lanes == self._lanes and set(self._lanes) >= {w for c in waiting
-                                                             for w in _wants(c.demand)}, "lanes"
-        assert _counted(self.claims.values()) == self._claims_of, "claims per user and session"
-        assert _counted(waiting) == self._waiting_of, "waiting claims per user and session"
-        assert _counted(self.claims.values(), lambda c: c.demand.gpu_count) == self._gpus_of, "GPUs"
-        assert sum(c.demand.wants_gpu for c in waiting) == self._gpu_waiting
+        self.waiting.check(sorted((c for c in self.claims.values() if c.state == QUEUED),
+                                  key=rank))
+        assert counted(self.claims.values()) == self._claims_of, "claims per user and session"
+        assert counted(self.claims.values(), lambda c: c.demand.gpu_count) == self._gpus_of, "GPUs"
         granted = [c for c in self.claims.values() if c.state == GRANTED]
         assert {c.id for c in granted if c.reclaimable or c.overdue} == self._reclaimable, \
             "reclaimable index"
@@ -818,32 +705,4 @@ class Ledger:
         self.timeline.check_invariants()
 
 
-def _wants(d: Demand) -> list[str]:
-    """The lanes of the queue a waiter with this demand is in."""
-    return ([GPUS] if d.wants_gpu else []) + [name for name, _ in d.pools]
-
-
 _NEVER = 2**63
-
-
-def _count(counter: Counter, claim: Claim, delta: int) -> None:
-    """Add ``delta`` to the claim's user and session in ``counter`` (keys at 0 go); a
-    Slurm job's claim counts against Slurm's limits, not ours."""
-    if not delta or claim.mode == SLURM:
-        return
-    for key in (claim.uid, (claim.uid, claim.session)):
-        counter[key] += delta
-        if not counter[key]:
-            del counter[key]
-
-
-def _counted(claims: Iterable[Claim], amount=lambda c: 1) -> Counter:
-    counter: Counter = Counter()
-    for claim in claims:
-        _count(counter, claim, amount(claim))
-    return counter
-
-
-def _rank(claim: Claim) -> tuple[int, int]:
-    """Serving order: higher priority first, then arrival."""
-    return (-claim.priority, claim.seq)

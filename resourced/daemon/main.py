@@ -132,7 +132,7 @@ def state_dir(mode: str, configured: str, environ=os.environ) -> Path:
 
 def status_line(engine: Engine) -> str:
     ledger = engine.ledger
-    return (f"{len(ledger.gpus)} GPU(s), {engine.free_count()} free, "
+    return (f"{len(ledger.gpus)} GPU(s), {engine.tracker.free_count()} free, "
             f"{len(ledger.claims)} claim(s)")
 
 

@@ -70,14 +70,14 @@ class Metrics:
 
     def _gpus(self) -> list[Family]:
         engine = self.engine
-        states = Counter(engine.gpu_state(g) for g in engine.ledger.gpus.values())
+        states = Counter(engine.tracker.gpu_state(g) for g in engine.ledger.gpus.values())
         by_state = Family("resourced_gpus", GAUGE, "GPUs by state: free, claimed (held "
                           "whole), shared (VRAM shares on it), busy (processes nobody "
                           "claimed run on it), slurm (Slurm's to schedule).")
         for state in (*GPU_STATES, *sorted(states.keys() - set(GPU_STATES))):
             by_state.add(states[state], state=state)
-        return [by_state, Family("resourced_gpus_free", GAUGE,
-                                 "GPUs free now, as gpuctl free says.").add(engine.free_count())]
+        free = Family("resourced_gpus_free", GAUGE, "GPUs free now, as gpuctl free says.")
+        return [by_state, free.add(engine.tracker.free_count())]
 
     def _claims(self) -> list[Family]:
         claims, gpus, vram = Counter(), Counter(), Counter()
@@ -101,7 +101,7 @@ class Metrics:
         return [count, held, shares]
 
     def _queue(self) -> list[Family]:
-        queue = self.engine.ledger.queue()
+        queue = list(self.engine.ledger.waiting)
         now = self.engine.clock()
         oldest = max(((now - c.created_usec) / 1e6 for c in queue), default=0.0)
         return [Family("resourced_queue_length", GAUGE, "Claims waiting.").add(len(queue)),
@@ -145,7 +145,7 @@ class Metrics:
         read_at, rows = self._usage
         if fresh or time.monotonic() - read_at >= self.refresh:
             now = self.engine.clock()
-            rows = {window: self.engine.usage(now - int(seconds * 1e6), now)
+            rows = {window: self.engine.history.usage(now - int(seconds * 1e6), now)
                     for window, seconds in WINDOWS.items()}
             self._usage = (time.monotonic(), rows)
         held = Family("resourced_gpu_hours_held", GAUGE,

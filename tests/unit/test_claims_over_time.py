@@ -94,7 +94,7 @@ def book(cal: Calendar, req: BookingRequest, booking_id: str, now: int = NOW):
 
 def start(ledger: Ledger, booking, now: int) -> list:
     """What the engine does when a booking comes due."""
-    return ledger.start_booking(booking.id, Calendar._demand(booking.request), booking.gpus,
+    return ledger.start_booking(booking.id, booking.request.takes, booking.gpus,
                                 booking.uid, booking.user, booking.request.label,
                                 booking.request.task_name, now, booking.end_usec)
 
@@ -529,7 +529,7 @@ class ClaimsOverTime(RuleBasedStateMachine):
         (a free GPU may be reserved for it) or the claim has a pool amount (its until may
         come from the pool)."""
         if not claim.until_booking or not claim.demand.gpus or claim.demand.pools \
-                or self.ledger.queue():
+                or list(self.ledger.waiting):
             return
         free_after = [g.uuid for g in self.ledger.free_gpus()]
         held_from = {u: self.ledger.timeline.next_start(u) for u in free_after}

@@ -58,10 +58,10 @@ def test_a_waiter_leaves_the_queue_when_its_deadline_passes_on_the_clock():
             waiter, _ = await engine.claim(ME, Demand.of(gpus=1), "dev", wait=True, timeout=30)
             assert waiter.queue_deadline_usec == clock() + 30_000_000  # in the claim as committed
             clock.advance(29.9)
-            engine.run_due()
+            engine.alarms.run_due()
             assert waiter.id in engine.ledger.claims
             clock.advance(0.1)
-            engine.run_due()
+            engine.alarms.run_due()
             assert waiter.id not in engine.ledger.claims
             assert [e.reason for e in events if isinstance(e, ClaimReleased)] == ["timeout"]
     run(test)
@@ -79,9 +79,9 @@ def test_a_waiter_served_in_time_has_no_deadline_left():
                     break
                 await asyncio.sleep(0.01)
             assert engine.ledger.claims[waiter.id].state == "granted"
-            assert len(engine.deadlines) == 0
+            assert len(engine.alarms.deadlines) == 0
             clock.advance(60)
-            engine.run_due()
+            engine.alarms.run_due()
             assert waiter.id in engine.ledger.claims
     run(test)
 
@@ -106,7 +106,7 @@ def test_no_timeout_or_a_zero_one(timeout):
             await engine.claim(ME, Demand.of(gpus=1), "dev")
             waiter, _ = await engine.claim(ME, Demand.of(gpus=1), "dev", wait=True,
                                            timeout=timeout)
-            engine.run_due()
+            engine.alarms.run_due()
             assert (waiter.id in engine.ledger.claims) == (timeout is None)
     run(test)
 

@@ -79,7 +79,7 @@ def state(ledger: Ledger) -> dict:
         "vram": {u: ledger.vram_used(u) for u in ledger.gpus},
         "free": [g.uuid for g in ledger.free_gpus()],
         "pools": {name: ledger.pool_free(name) for name in ledger.pools},
-        "queue": [c.id for c in ledger.queue()],
+        "queue": [c.id for c in list(ledger.waiting)],
     }
 
 
@@ -100,7 +100,7 @@ def test_new_ledger_has_every_gpu_free_in_index_order():
     ledger = Ledger([gpus[2], gpus[0], gpus[3], gpus[1]])
     assert ledger.free_gpus() == gpus
     assert ledger.claims == {}
-    assert ledger.queue() == []
+    assert list(ledger.waiting) == []
     assert all(ledger.holder(g.uuid) is None for g in gpus)
     assert all(ledger.claims_on(g.uuid) == [] for g in gpus)
     ledger.check_invariants()
@@ -409,7 +409,7 @@ def test_a_waiting_request_is_queued_holding_nothing_and_granted_on_release(ledg
     waiter = ledger.get("w")
     assert error is None and events == [ClaimQueued(waiter)]
     assert (waiter.state, waiter.gpus, waiter.seq) == (QUEUED, (), 2)
-    assert ledger.queue() == [waiter]
+    assert list(ledger.waiting) == [waiter]
     assert {k: v for k, v in state(ledger).items() if k not in ("claims", "queue")} == \
         {k: v for k, v in before.items() if k not in ("claims", "queue")}
     ledger.check_invariants()
@@ -417,7 +417,7 @@ def test_a_waiting_request_is_queued_holding_nothing_and_granted_on_release(ledg
     events = ledger.release("c1")
     assert ids(events) == [("ClaimReleased", "c1"), ("ClaimGranted", "w")]
     assert waiter.state == GRANTED and waiter.gpus == (uuid(0), uuid(1))
-    assert ledger.queue() == []
+    assert list(ledger.waiting) == []
     ledger.check_invariants()
 
 
@@ -430,7 +430,7 @@ def test_the_queue_is_served_by_priority_then_arrival(ledger):
     grant(ledger, request(4), "all")
     for name, prio in [("low", 0), ("high", 5), ("low2", 0), ("high2", 5)]:
         ledger.submit(request(1, priority=prio), name, NOW, wait=True)
-    assert [c.id for c in ledger.queue()] == ["high", "high2", "low", "low2"]
+    assert [c.id for c in list(ledger.waiting)] == ["high", "high2", "low", "low2"]
     events = ledger.release("all")
     assert [i for kind, i in ids(events) if kind == "ClaimGranted"] == \
         ["high", "high2", "low", "low2"]
@@ -441,7 +441,7 @@ def test_a_queued_claim_can_be_cancelled_and_frees_nothing(ledger):
     ledger.submit(request(1), "w", NOW, wait=True)
     events = ledger.release("w", "cancelled")
     assert ids(events) == [("ClaimReleased", "w")] and events[0].reason == "cancelled"
-    assert ledger.queue() == [] and ledger.holder(uuid(0)).id == "all"
+    assert list(ledger.waiting) == [] and ledger.holder(uuid(0)).id == "all"
     ledger.check_invariants()
 
 
@@ -695,7 +695,7 @@ def test_restore_takes_back_claims_and_refuses_what_no_longer_fits(pooled):
     assert sorted((c.id, why) for c, why in refused) == [
         ("ghost", "GPU GPU-gone is gone"), ("twice", f"GPU {uuid(0)} is held twice")]
     assert state(pooled)["holders"] == state(old)["holders"]
-    assert pooled.pool_free("cpu") == 8 and [c.id for c in pooled.queue()] == ["w"]
+    assert pooled.pool_free("cpu") == 8 and [c.id for c in pooled.waiting] == ["w"]
     pooled.check_invariants()
     events, _ = pooled.submit(request(0, pools={"cpu": 1}), "next", NOW)
     assert events[0].claim.seq == 3  # arrival numbers go on after the restored ones

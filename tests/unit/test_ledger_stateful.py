@@ -127,7 +127,7 @@ class LedgerMachine(RuleBasedStateMachine):
     # -- the model -------------------------------------------------------------------
     def snapshot(self):
         return ({cid: claim_to_record(c) for cid, c in self.ledger.claims.items()},
-                [c.id for c in self.ledger.queue()])
+                [c.id for c in list(self.ledger.waiting)])
 
     def expect_claims(self):
         return {cid: dict(m) for cid, m in self.model.items()}
@@ -141,7 +141,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def run(self, operation):
         """Do one mutation; check the events against the change they describe."""
         before = {cid: (c.state, c.reclaim_for, c.gpus) for cid, c in self.ledger.claims.items()}
-        queued_before = {c.id for c in self.ledger.queue()}
+        queued_before = {c.id for c in list(self.ledger.waiting)}
         result = operation()
         events = result[0] if isinstance(result, tuple) else result
         after = self.ledger.claims
@@ -177,7 +177,7 @@ class LedgerMachine(RuleBasedStateMachine):
         return result
 
     def check_grants_took_nothing_an_earlier_waiter_could_use(self, events):
-        queue = self.ledger.queue()
+        queue = list(self.ledger.waiting)
         if not queue:
             return
         first = queue[0]  # nothing reserved ahead of it: its view is all that is free
@@ -216,7 +216,7 @@ class LedgerMachine(RuleBasedStateMachine):
             raise AssertionError(f"{demand} can never be granted but was not refused at once")
 
         raw = Free(self.ledger, self.busy)
-        ahead = [c for c in self.ledger.queue() if c.priority >= priority]
+        ahead = [c for c in list(self.ledger.waiting) if c.priority >= priority]
         self.arrived[claim_id] = self.clock
         self.model[claim_id] = {"state": QUEUED, "owner_alive": True, "members": frozenset(),
                                 "mode": mode, "demand": demand, "priority": priority,
@@ -351,7 +351,7 @@ class LedgerMachine(RuleBasedStateMachine):
         assert reloaded.restore(claim_from_record(r) for r in records) == []
         assert self.snapshot() == (
             {cid: claim_to_record(c) for cid, c in reloaded.claims.items()},
-            [c.id for c in reloaded.queue()])
+            [c.id for c in list(reloaded.waiting)])
         reloaded.check_invariants()
         self.ledger = reloaded
 
@@ -394,7 +394,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @invariant()
     def agrees_with_the_model(self):
         assert self.seen_claims() == self.expect_claims()
-        queue = self.ledger.queue()
+        queue = list(self.ledger.waiting)
         assert [c.id for c in queue] == [c.id for c in sorted(queue, key=rank)]
         assert len({c.seq for c in self.ledger.claims.values()}) == len(self.ledger.claims)
 
@@ -407,7 +407,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def the_first_waiter_is_not_starved(self):
         """Once all that is held went to claims ranked after it, granted while it waited,
         the first waiter fits (busy GPUs aside): they had only what it could not use."""
-        queue = self.ledger.queue()
+        queue = list(self.ledger.waiting)
         if not queue:
             return
         waiter = queue[0]
@@ -430,7 +430,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @invariant()
     def the_first_waiter_asks_back_few_and_lowest_first(self):
-        queue = self.ledger.queue()
+        queue = list(self.ledger.waiting)
         if not queue:
             return
         waiter = queue[0]

@@ -106,9 +106,9 @@ def test_in_one_pool_claims_are_granted_strictly_by_priority_then_arrival(cap, d
     def check(events):
         for claim_id in granted(events):
             g = ledger.get(claim_id)
-            assert all(rank(q) > rank(g) for q in ledger.queue()), \
+            assert all(rank(q) > rank(g) for q in list(ledger.waiting)), \
                 f"{claim_id} was served before an earlier-ranked waiter"
-        queue = ledger.queue()
+        queue = list(ledger.waiting)
         assert not queue or queue[0].demand.pools[0][1] > ledger.pool_free("cpu"), \
             "the first waiter fits but waits"
         ledger.check_invariants()

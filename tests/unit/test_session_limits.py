@@ -272,7 +272,7 @@ def test_a_dry_run_answers_the_decision_and_changes_no_count(as_user):
                 await claim(engine, "b", dry_run=True, gpus=2)
             assert (dict(engine.ledger.claims), counts(engine), counts(engine, "a"),
                     counts(engine, "b"), len(events)) == before
-            assert engine.ledger.queue() == []
+            assert list(engine.ledger.waiting) == []
             engine.ledger.check_invariants()
     run(test)
 
@@ -367,21 +367,21 @@ def test_the_engine_books_in_a_session_under_its_configured_gpu_hours(as_user):
                 return BookingRequest(Demand.of(gpus=2), H, in_hours(now, at) // 1_000_000
                                       * 1_000_000)
 
-            a1, status = await engine.book(USER, two_gpu_hours(1), session="a")
+            a1, status = await engine.bookings.book(USER, two_gpu_hours(1), session="a")
             assert (status, a1.session) == ("created", "a")
             with pytest.raises(LimitExceeded, match="max_booked_gpu_hours_per_session"):
-                await engine.book(USER, two_gpu_hours(3), session="a")
-            b1, _ = await engine.book(USER, two_gpu_hours(3), session="b")
+                await engine.bookings.book(USER, two_gpu_hours(3), session="a")
+            b1, _ = await engine.bookings.book(USER, two_gpu_hours(3), session="b")
             with pytest.raises(LimitExceeded, match="max_booked_gpu_hours_per_user"):
-                await engine.book(USER, two_gpu_hours(5), session="c")  # 6 > 5 for USER
+                await engine.bookings.book(USER, two_gpu_hours(5), session="c")  # 6 > 5 for USER
             with pytest.raises(LimitExceeded, match="max_booked_gpu_hours_per_user"):
-                await engine.book(USER, two_gpu_hours(5), session="c", dry_run=True)
-            default, _ = await engine.book(
+                await engine.bookings.book(USER, two_gpu_hours(5), session="c", dry_run=True)
+            default, _ = await engine.bookings.book(
                 USER, BookingRequest(Demand.of(gpus=1), H, in_hours(now, 5) // 10**6 * 10**6))
             assert default.session == f"sid:{os.getsid(os.getpid())}"
-            big, _ = await engine.book(ROOT, two_gpu_hours(7), session="a")  # root's own "a"
+            big, _ = await engine.bookings.book(ROOT, two_gpu_hours(7), session="a")  # root's own "a"
             with pytest.raises(LimitExceeded, match="max_booked_gpu_hours_per_session"):
-                await engine.book(ROOT, two_gpu_hours(9), session="a")  # root: capped too
+                await engine.bookings.book(ROOT, two_gpu_hours(9), session="a")  # root: capped too
             assert set(engine.calendar.bookings) == {a1.id, b1.id, default.id, big.id}
             engine.calendar.check_invariants()
 
@@ -391,7 +391,7 @@ def test_the_engine_books_in_a_session_under_its_configured_gpu_hours(as_user):
             assert engine.calendar.bookings[big.id].state == SCHEDULED  # root's "a" is root's
             assert engine.calendar.bookings[default.id].state == SCHEDULED
             assert engine.calendar.bookings[b1.id].state == SCHEDULED
-            again, _ = await engine.book(USER, two_gpu_hours(3), session="a")  # hours freed
+            again, _ = await engine.bookings.book(USER, two_gpu_hours(3), session="a")  # hours freed
             assert again.session == "a"
             engine.calendar.check_invariants()
     run(test)

@@ -52,7 +52,7 @@ class StateView:
             "mode": self.mode,
             "backend": self.engine.backend.name,
             "backend_note": self.engine.backend_note,
-            "free": self.engine.free_count(),
+            "free": self.engine.tracker.free_count(),
             "gpus": [
                 {
                     "index": g.index,
@@ -61,7 +61,7 @@ class StateView:
                     "name": g.name,
                     "memory_bytes": g.memory_bytes,
                     "pci_bus_id": g.pci_bus_id,
-                    "state": self.engine.gpu_state(g),
+                    "state": self.engine.tracker.gpu_state(g),
                     "claim": holder.id if (holder := ledger.holder(g.uuid)) else "",
                     "shared_by": [c.id for c in ledger.claims_on(g.uuid) if c.shared],
                     "vram_used_bytes": ledger.vram_used(g.uuid),
@@ -69,7 +69,7 @@ class StateView:
                 }
                 for g in ledger.gpus.values()
             ],
-            "queue": [c.id for c in ledger.queue()],
+            "queue": [c.id for c in list(ledger.waiting)],
             "pools": [
                 {"name": p.name, "unit": p.unit, "capacity": p.capacity,
                  "free": ledger.pool_free(p.name)}
@@ -77,7 +77,7 @@ class StateView:
             ],
             "health": self.health.describe(),
             "notices": [{"id": n.id, "text": n.text, "created_usec": n.created_usec,
-                         "until_usec": n.until_usec} for n in self.engine.notices()],
+                         "until_usec": n.until_usec} for n in self.engine.bookings.notices()],
             "bookings_scheduled": sum(1 for b in self.engine.calendar.bookings.values()
                                       if b.state == "scheduled"),
             "limits": {key: getattr(self.engine.settings, key) for key in LIMITS},

@@ -45,7 +45,7 @@ class GpuInterface(Interface):
 
     @dbus_property(access=R)
     def State(self) -> "s":
-        return self.engine.gpu_state(self.gpu)
+        return self.engine.tracker.gpu_state(self.gpu)
 
     @dbus_property(access=R)
     def VRAMUsedBytes(self) -> "t":

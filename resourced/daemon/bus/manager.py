@@ -30,33 +30,16 @@ from dbus_fast.service import dbus_method, dbus_property, dbus_signal
 
 from resourced import __version__
 from resourced.config import ConfigError
-from resourced.core import health as health_levels
-from resourced.core.calendar import BookingEvent, Notice, check_instant
-from resourced.core.claims import BOOKING, Demand
-from resourced.core.ledger import (
-    ClaimEnding,
-    ClaimGranted,
-    ClaimQueued,
-    ClaimReleased,
-    Event,
-    MembersChanged,
-    OwnerDied,
-    ReclaimAsked,
-    ReclaimWithdrawn,
-    Relabelled,
-    StopAsked,
-    UntilChanged,
-)
+from resourced.core.calendar import check_instant
+from resourced.core.claims import Demand
 from resourced.core.verify import GpuReport
 from resourced.errors import (
     AccessDenied,
     InteractionRequired,
     InvalidRequest,
     NotClaimOwner,
-    left_the_queue,
 )
 from resourced.protocol.names import (
-    CLAIM_IFACE,
     CLAIM_PREFIX,
     MANAGER_IFACE,
     MANAGER_PATH,
@@ -70,7 +53,7 @@ from resourced.protocol.names import (
 )
 
 from .. import memory
-from ..engine.engine import Engine, GpuUseChanged
+from ..engine.engine import Engine
 from ..health_monitor import HealthMonitor
 from .bookings import (
     CHANGE_OPTIONS,
@@ -87,9 +70,9 @@ from .bookings import (
 )
 from .caller import Credentials, current_call
 from .claim import ClaimInterface
-from .connection import REPLY_LATER, changed_values, eager_methods, property_values
+from .connection import REPLY_LATER, eager_methods
 from .describe import StateView
-from .errors import bus_errors, error_reply
+from .errors import bus_errors
 from .gpu import GpuInterface
 from .health import CheckInterface
 from .held_calls import HeldCalls
@@ -97,10 +80,10 @@ from .interface import Interface
 from .options import parse_options
 from .polkit import CLAIM, MANAGE, RELEASE_OTHER, RESERVE, Authority, GroupAuthority, SharedAccess
 from .pool import PoolInterface
+from .signals import Signals
 from .throttle import Throttle
 
 R = PropertyAccess.READ
-PROPERTIES_IFACE = "org.freedesktop.DBus.Properties"
 
 CLAIM_OPTIONS = {
     "Mode": "s", "OwnerPID": "u", "MemberPIDs": "au", "Label": "s", "TaskName": "s",
@@ -176,7 +159,8 @@ class ManagerInterface(Interface):
         self._claims: dict[str, ClaimInterface] = {}  # the claim objects exported so far
         self._waiting: set[str] = set()  # queued claims (their outcome is signalled so)
         self._can_keep_calls = eager_methods(bus)  # (ReplyWhenGranted; else Wait's reply)
-        self._totals = Throttle(self._announce_totals)
+        self.signals = Signals(self)
+        self._totals = Throttle(self.signals.announce_totals)
         self._users: dict[int, UserInterface] = {}  # per-user signal objects, made when needed
         self._texts = BookingTexts()
         self.view = StateView(engine, mode, health)
@@ -192,9 +176,9 @@ class ManagerInterface(Interface):
     def export(self) -> None:
         """Export the manager and one object per GPU; follow the engine from now on."""
         self._export_objects()
-        self.engine.subscribe(self._publish)
-        self.health.subscribe(self._publish_levels)
-        self.health.on_sample(self._publish_figures)
+        self.engine.subscribe(self.signals.publish)
+        self.health.subscribe(self.signals.levels)
+        self.health.on_sample(self.signals.figures)
 
     def move_to(self, bus) -> None:
         """Serve on a new connection (the shared bus was restarted): the objects leave the
@@ -216,12 +200,12 @@ class ManagerInterface(Interface):
         for pool in self.engine.ledger.pools.values():
             self._pools[pool.name] = PoolInterface(pool, self.engine.ledger)
             self.bus.export(pool_path(pool.name), self._pools[pool.name])
-        self._waiting.update(claim.id for claim in self.engine.ledger.queue())
+        self._waiting.update(claim.id for claim in list(self.engine.ledger.waiting))
         self.bus.add_message_handler(self._export_claims_for)
         self._export_checks()
 
     async def settled(self) -> None:
-        await self.engine.calendar_synced()
+        await self.engine.bookings.synced()
 
     # -- methods -----------------------------------------------------------------------
     @dbus_method()
@@ -295,8 +279,8 @@ class ManagerInterface(Interface):
         caller); ``Name``: the job's name, for the label."""
         opts = parse_options(options, JOB_OPTIONS)
         caller = await self._manager()
-        claim = await self.engine.claim_job(caller, job_id, list(gpus),
-                                            opts.get("UID", caller.uid), opts.get("Name", ""))
+        claim = await self.engine.jobs.claim(caller, job_id, list(gpus),
+                                             opts.get("UID", caller.uid), opts.get("Name", ""))
         return [claim.id, claim_path(claim.id)]
 
     @dbus_method()
@@ -304,7 +288,7 @@ class ManagerInterface(Interface):
     async def ReleaseJob(self, job_id: "s") -> "as":
         """End Slurm job ``job_id``'s claim (its epilog); the claims ended."""
         await self._manager()
-        return self.engine.release_job(job_id)
+        return self.engine.jobs.release(job_id)
 
     @dbus_method()
     @bus_errors
@@ -328,7 +312,7 @@ class ManagerInterface(Interface):
     @dbus_method()
     @bus_errors
     async def Verify(self) -> "aa{sv}":
-        reports, claims = await self.engine.verify(), self.engine.ledger.claims
+        reports, claims = await self.engine.tracker.verify(), self.engine.ledger.claims
         return [_report(r, r.claim_id in claims and claims[r.claim_id].isolated)
                 for r in reports]
 
@@ -378,7 +362,7 @@ class ManagerInterface(Interface):
     @bus_errors
     def ListGPUs(self) -> "a(ussso)":
         return [
-            [g.index, g.uuid, g.name, self.engine.gpu_state(g), gpu_path(g.index)]
+            [g.index, g.uuid, g.name, self.engine.tracker.gpu_state(g), gpu_path(g.index)]
             for g in self.engine.ledger.gpus.values()
         ]
 
@@ -416,17 +400,17 @@ class ManagerInterface(Interface):
         caller = await self.credentials.caller()
         await self.authority.check(current_call.get(), caller.uid, RESERVE, {
             "gpus": str(request.demand.gpus), "duration_usec": str(request.duration_usec)})
-        booking, status = await self.engine.book(caller, request, op_id, dry_run, session)
+        booking, status = await self.engine.bookings.book(caller, request, op_id, dry_run, session)
         return [status, self._record(booking)]
 
     @dbus_method()
     @bus_errors
     async def EditBooking(self, booking_id: "s", options: "a{sv}") -> "a{sv}":
         caller, admin = await self._owner_or_admin(booking_id)
-        base = self.engine.booking(booking_id)
+        base = self.engine.bookings.get(booking_id)
         request, op_id, dry_run = booking_request(options, self._gpu_uuid, base)
-        return self._record(self.engine.edit_booking(caller, booking_id, request, admin, op_id,
-                                                     dry_run))
+        return self._record(self.engine.bookings.edit(caller, booking_id, request, admin, op_id,
+                                                      dry_run))
 
     @dbus_method()
     @bus_errors
@@ -435,7 +419,7 @@ class ManagerInterface(Interface):
         if bool(end_usec) == bool(opts.get("ByUSec")):
             raise InvalidRequest("give either an end (end_usec) or ByUSec, not both or neither")
         caller, admin = await self._owner_or_admin(booking_id)
-        return self._record(self.engine.set_booking_end(
+        return self._record(self.engine.bookings.set_end(
             caller, booking_id, end_usec, admin, opts.get("OpID", ""), opts.get("ByUSec", 0),
             opts.get("DryRun", False)))
 
@@ -444,9 +428,9 @@ class ManagerInterface(Interface):
     async def CancelBooking(self, booking_id: "s", reason: "s", options: "a{sv}") -> "a{sv}":
         opts = parse_options(options, CHANGE_OPTIONS)
         caller, admin = await self._owner_or_admin(booking_id)
-        return self._record(self.engine.cancel_booking(caller, booking_id, reason, admin,
-                                                       opts.get("OpID", ""),
-                                                       opts.get("DryRun", False)))
+        return self._record(self.engine.bookings.cancel(caller, booking_id, reason, admin,
+                                                        opts.get("OpID", ""),
+                                                        opts.get("DryRun", False)))
 
     @dbus_method()
     @bus_errors
@@ -461,7 +445,8 @@ class ManagerInterface(Interface):
         check_instant("UntilUSec", until)
         if since >= until:
             raise InvalidRequest("SinceUSec must be before UntilUSec")
-        return json.dumps(self.engine.usage(since, until, opts.get("UID"), opts.get("ByGPU", False)))
+        return json.dumps(self.engine.history.usage(since, until, opts.get("UID"),
+                                                    opts.get("ByGPU", False)))
 
     @dbus_method()
     @bus_errors
@@ -484,7 +469,8 @@ class ManagerInterface(Interface):
     async def ReportJob(self, booking_id: "s", state: "s", exit_code: "i", detail: "s") -> "a{sv}":
         """The owner's runner reports the state of the booking's command."""
         caller = await self.credentials.caller()
-        return self._record(self.engine.report_job(caller, booking_id, state, exit_code, detail))
+        return self._record(self.engine.bookings.report_job(caller, booking_id, state, exit_code,
+                                                            detail))
 
     @dbus_method()
     @bus_errors
@@ -494,7 +480,7 @@ class ManagerInterface(Interface):
         as Describe: 5,000 records of 22 variants each are slow to decode in a client."""
         opts = list_filter(options)
         uid = None if opts.get("All") else (await self.credentials.caller()).uid
-        found = self.engine.bookings(uid, opts.get("SinceUSec"), opts.get("UntilUSec"))
+        found = self.engine.bookings.list(uid, opts.get("SinceUSec"), opts.get("UntilUSec"))
         offset = opts.get("Offset", 0)
         page = found[offset: offset + opts["Limit"]] if "Limit" in opts else found[offset:]
         gpus = self.engine.ledger.gpus
@@ -504,7 +490,7 @@ class ManagerInterface(Interface):
     @dbus_method()
     @bus_errors
     def GetBooking(self, booking_id: "s") -> "a{sv}":
-        return self._record(self.engine.booking(booking_id))
+        return self._record(self.engine.bookings.get(booking_id))
 
     @dbus_method()
     @bus_errors
@@ -518,40 +504,40 @@ class ManagerInterface(Interface):
                  "EndUSec": Variant("t", start + request.duration_usec),
                  "GPUUUIDs": Variant("as", list(on)),
                  "GPUIndices": Variant("au", [gpus[u].index for u in on])}
-                for start, on in self.engine.slots(request, count)]
+                for start, on in self.engine.bookings.slots(request, count)]
 
     @dbus_method()
     @bus_errors
     async def AddBlackout(self, start_usec: "t", end_usec: "t", reason: "s") -> "sas":
         caller = await self._manager()
-        blackout, inside = self.engine.add_blackout(caller, start_usec, end_usec, reason)
+        blackout, inside = self.engine.bookings.add_blackout(caller, start_usec, end_usec, reason)
         return [blackout.id, [b.id for b in inside]]
 
     @dbus_method()
     @bus_errors
     async def RemoveBlackout(self, blackout_id: "s") -> "":
-        self.engine.remove_blackout(await self._manager(), blackout_id)
+        self.engine.bookings.remove_blackout(await self._manager(), blackout_id)
 
     @dbus_method()
     @bus_errors
     def ListBlackouts(self) -> "aa{sv}":
         return [blackout_record(b) for b in sorted(self.engine.calendar.blackouts.values(),
-                                                     key=lambda b: b.start_usec)]
+                                                   key=lambda b: b.start_usec)]
 
     @dbus_method()
     @bus_errors
     async def AddNotice(self, text: "s", until_usec: "t") -> "s":
-        return self.engine.add_notice(await self._manager(), text, until_usec).id
+        return self.engine.bookings.add_notice(await self._manager(), text, until_usec).id
 
     @dbus_method()
     @bus_errors
     async def RemoveNotice(self, notice_id: "s") -> "":
-        self.engine.remove_notice(await self._manager(), notice_id)
+        self.engine.bookings.remove_notice(await self._manager(), notice_id)
 
     @dbus_method()
     @bus_errors
     def ListNotices(self) -> "aa{sv}":
-        return [notice_record(n) for n in self.engine.notices()]
+        return [notice_record(n) for n in self.engine.bookings.notices()]
 
     # -- signals -----------------------------------------------------------------------
     @dbus_signal()
@@ -597,7 +583,7 @@ class ManagerInterface(Interface):
 
     @dbus_property(access=R)
     def FreeGPUs(self) -> "u":
-        return self.engine.free_count()
+        return self.engine.tracker.free_count()
 
     @dbus_property(access=R)
     def NClaims(self) -> "u":
@@ -605,7 +591,7 @@ class ManagerInterface(Interface):
 
     @dbus_property(access=R)
     def NQueued(self) -> "u":
-        return self.engine.ledger.queued_count()
+        return len(self.engine.ledger.waiting)
 
     @dbus_property(access=R)
     def HealthLevel(self) -> "s":
@@ -639,7 +625,7 @@ class ManagerInterface(Interface):
         """The caller, and whether they act as an administrator (not the booking's own
         user: that needs ``manage``)."""
         caller = await self.credentials.caller()
-        booking = self.engine.booking(booking_id)
+        booking = self.engine.bookings.get(booking_id)
         admin = caller.uid not in (0, booking.uid)
         if admin:
             try:
@@ -683,18 +669,6 @@ class ManagerInterface(Interface):
             self.bus.export(user_path(uid), iface)
         return iface
 
-    def _publish_calendar(self, items: list) -> list[tuple]:
-        """Signals for booking events (on their owner's path) and notices."""
-        out = []
-        for item in items:
-            if isinstance(item, Notice):
-                out.append((self.NoticeAdded, item.id, item.text))
-            else:
-                b = item.booking
-                out.append((self._user_object(b.uid).BookingChanged, b.id, item.what,
-                            self._record(b)))
-        return out
-
     def _export_checks(self) -> None:
         """(Re-)export one object per configured check (again after a reload)."""
         for name, iface in self._checks.items():
@@ -703,19 +677,6 @@ class ManagerInterface(Interface):
         for name, iface in self._checks.items():
             self.bus.export(check_path(name), iface)
 
-    def _publish_levels(self, events: list[health_levels.LevelChanged]) -> None:
-        for e in events:
-            self.LevelChanged(e.check, e.old, e.new, e.reason)
-        self.emit_properties_changed({"HealthLevel": self.health.health,
-                                      "Levels": self.health.levels()})
-
-    def _publish_figures(self, states: list[dict]) -> None:
-        if {s["name"] for s in states} != set(self._checks):
-            self._export_checks()
-            return
-        for state in states:
-            self._checks[state["name"]].update(state)
-
     def _claim_object(self, claim_id: str) -> ClaimInterface | None:
         """The claim's object, exported now if it was not yet (None: no such claim)."""
         iface = self._claims.get(claim_id)
@@ -723,15 +684,6 @@ class ManagerInterface(Interface):
             iface = self._claims[claim_id] = ClaimInterface(claim, self)
             self.bus.export(claim_path(claim_id), iface, announce=False)  # see _claim_added
         return iface
-
-    def _claim_added(self, claim) -> None:
-        """InterfacesAdded for a new claim, from its record: its object need not exist (an
-        interface made without ``__init__`` has the getters and none of dbus-fast's cost)."""
-        iface = self._claims.get(claim.id)
-        if iface is None:
-            iface = ClaimInterface.__new__(ClaimInterface)
-            iface.claim, iface.manager = claim, self
-        self.bus.interfaces_added(claim_path(claim.id), {CLAIM_IFACE: property_values(iface)})
 
     def _export_claims_for(self, msg: Message) -> bool:
         """Before dbus-fast dispatches a call, export the claim objects it needs; the call
@@ -745,140 +697,6 @@ class ManagerInterface(Interface):
             for claim_id in self.engine.ledger.claims:
                 self._claim_object(claim_id)
         return False
-
-    def _publish(self, events: list[Event]) -> None:
-        """Signals and PropertiesChanged for a batch of engine events, each once.
-
-        They go out (with the values of now) just after the reply to the call that caused
-        them, so the caller is not kept waiting while the bus routes them; but a waiter's
-        ``Granted`` or ``Cancelled`` goes at once, in the same write as that reply: a
-        waiter served by a release is the next link of a chain of processes taking turns,
-        and need not wait behind the other signals and the audit lines.  A claim whose
-        signals are due gets its object first (``_claim_object``); the others get theirs
-        when a call needs it (``_export_claims_for``)."""
-        out: list[tuple] = []  # (function, args), in order
-        touched_gpus: set[str] = set()
-        touched_pools: set[str] = set()
-        calendar = [e for e in events if isinstance(e, (BookingEvent, Notice))]
-        if calendar:
-            out += self._publish_calendar(calendar)
-        use = [e for e in events if isinstance(e, GpuUseChanged)]
-        for event in use:
-            touched_gpus.update(event.gpus)
-        if calendar or use:
-            events = [e for e in events
-                      if not isinstance(e, (BookingEvent, Notice, GpuUseChanged))]
-        for event in events:
-            claim = event.claim
-            self.view.changed(claim.id)  # whatever the event, the record changed
-            if isinstance(event, ClaimQueued):  # its object is made when a call needs it
-                self._waiting.add(claim.id)
-                out.append((self._claim_added, claim))
-                out.append((self.ClaimNew, claim.id, claim_path(claim.id)))
-            elif isinstance(event, ClaimGranted) and claim.id not in self._waiting:
-                out.append((self._claim_added, claim))
-                out.append((self.ClaimNew, claim.id, claim_path(claim.id)))
-            elif isinstance(event, ClaimGranted):  # a waiter served: from its path, object or not
-                self._waiting.discard(claim.id)
-                self._tell_waiter(claim)  # (now: see above)
-                out.append((self.bus.emit, claim_path(claim.id), PROPERTIES_IFACE,
-                            "PropertiesChanged", "sa{sv}as", [CLAIM_IFACE, changed_values(
-                                ClaimInterface, {"State": claim.state,
-                                                 "GPUUUIDs": list(claim.gpus)}), []]))
-            elif isinstance(event, ClaimReleased):
-                iface = self._claims.pop(claim.id, None)
-                if claim.id in self._waiting:  # it left the queue ungranted
-                    self._waiting.discard(claim.id)
-                    self._tell_waiter(claim, event.reason)
-                if iface is not None:
-                    out.append((self.bus.unexport, claim_path(claim.id), iface, False))
-                out.append((self.bus.interfaces_removed, claim_path(claim.id), (CLAIM_IFACE,)))
-                out.append((self.ClaimRemoved, claim.id, claim_path(claim.id), event.reason))
-            elif claim.id not in self.engine.ledger.claims:
-                continue  # it ended in the same batch: no object speaks for it any more
-            elif isinstance(event, OwnerDied):
-                out.append((self._claim_object(claim.id).emit_properties_changed,
-                            {"OwnerAlive": False}))
-            elif isinstance(event, MembersChanged):
-                out.append((self._claim_object(claim.id).emit_properties_changed,
-                            {"MemberPIDs": sorted(m.pid for m in claim.members)}))
-            elif isinstance(event, ReclaimAsked):
-                iface = self._claim_object(claim.id)
-                out.append((iface.emit_properties_changed, {"ReclaimRequested": True}))
-                out.append((iface.reclaim_requested, event.waiter.id, event.waiter.priority))
-            elif isinstance(event, ReclaimWithdrawn):
-                iface = self._claim_object(claim.id)
-                out.append((iface.emit_properties_changed, {"ReclaimRequested": False}))
-                out.append((iface.ReclaimWithdrawn,))
-            elif isinstance(event, UntilChanged):
-                out.append((self._claim_object(claim.id).emit_properties_changed,
-                            {"UntilUSec": claim.until_usec,
-                             "UntilBooking": claim.until_booking}))
-            elif isinstance(event, Relabelled):
-                out.append((self._claim_object(claim.id).emit_properties_changed,
-                            {"Label": claim.label}))
-            elif isinstance(event, StopAsked):
-                out.append((self._claim_object(claim.id).StopRequested, event.by, event.reason))
-            elif isinstance(event, ClaimEnding):
-                out.append((self._claim_object(claim.id).Ending, claim.until_usec,
-                            claim.until_booking))
-                if claim.mode == BOOKING and claim.id in self.engine.calendar.bookings:
-                    booking = self.engine.calendar.bookings[claim.id]
-                    out.append((self._user_object(claim.uid).BookingChanged, claim.id,
-                                "ending", self._record(booking)))
-            if isinstance(event, (ClaimGranted, ClaimReleased)):
-                touched_gpus.update(claim.gpus)
-                touched_pools.update(name for name, _ in claim.demand.pools)
-        for uuid in touched_gpus:
-            gpu = self._gpus[uuid]
-            out.append((gpu.emit_properties_changed, {
-                "State": gpu.State, "ClaimID": gpu.ClaimID, "VRAMUsedBytes": gpu.VRAMUsedBytes}))
-        totals = [name for name in touched_pools if self._totals.due_now(name)]
-        if (use or any(isinstance(e, (ClaimQueued, ClaimGranted, ClaimReleased))
-                       for e in events)) and self._totals.due_now(MANAGER_PATH):
-            totals.append(MANAGER_PATH)
-        if totals:
-            out.append((self._announce_totals, totals))
-        self.engine.after_reply(self._run_all, out)
-
-    def _tell_waiter(self, claim, left: str = "") -> None:
-        """A waiting claim's outcome, its grant (or why it ``left`` the queue ungranted):
-        the reply to the call that made it with ReplyWhenGranted (with the warnings of
-        its claiming, and of its grant until a booking), or else its Granted or Cancelled
-        signal, to the connection that made it."""
-        path = claim_path(claim.id)
-        call, warnings = self.held.pop(claim.id)
-        if call is None and left:
-            self.bus.emit(path, CLAIM_IFACE, "Cancelled", "s", [left], claim.reply_to)
-        elif call is None:
-            self.bus.emit(path, CLAIM_IFACE, "Granted", "a{sv}", [self.view.grant(claim)],
-                          claim.reply_to)
-        elif left:
-            self.bus.send(error_reply(call, left_the_queue(claim.id, left)))
-        else:
-            self.bus.send(Message.new_method_return(
-                call, "soa{sv}", [claim.id, path, self.view.grant(
-                    claim, [*warnings, *self.engine.until_warning(claim)])]))
-
-    def _announce_totals(self, keys: list[str]) -> None:
-        """PropertiesChanged of the totals ``keys`` name (the Manager's path, pool names),
-        with their values now; at most once per key and ``throttle.INTERVAL``."""
-        with self.bus.batch():
-            for key in keys:
-                if key == MANAGER_PATH:
-                    self.emit_properties_changed({
-                        "FreeGPUs": self.engine.free_count(),
-                        "NClaims": len(self.engine.ledger.claims),
-                        "NQueued": self.engine.ledger.queued_count()})
-                elif key in self._pools:  # (gone after a reload that removed it)
-                    self._pools[key].emit_properties_changed({"Free": self._pools[key].Free})
-
-    @staticmethod
-    def _run_all(calls: list[tuple]) -> None:
-        """The calls ``_publish`` gathered, in order."""
-        for fn, *args in calls:
-            fn(*args)
-
 
 def _report(r: GpuReport, isolated: bool) -> dict:
     """One GPU's verify report as a{sv} (processes as aa{sv}: Pid, UsedMemoryBytes, UID,
