@@ -218,21 +218,17 @@ def _forward_reclaim_requests(bus: str, ref: str, pid: int, signum: int) -> None
     import threading
 
     from jeepney import MatchRule
-    from jeepney.bus_messages import message_bus
-    from jeepney.io.blocking import open_dbus_connection
     from jeepney.low_level import HeaderFields
 
-    from resourced.client.discovery import bus_address
-    from resourced.protocol.names import BUS_NAME, CLAIM_IFACE, claim_path
+    from resourced.client import signals
+    from resourced.protocol.names import CLAIM_IFACE, claim_path
 
-    fields = dict(type="signal", interface=CLAIM_IFACE, path=claim_path(ref))
-    conn = open_dbus_connection(bus_address(bus))
-    for member in ("ReclaimRequested", "StopRequested"):
-        conn.send_and_get_reply(message_bus.AddMatch(MatchRule(sender=BUS_NAME, member=member,
-                                                               **fields)))
+    conn = signals.listen(bus, [signals.rule(CLAIM_IFACE, member, claim_path(ref))
+                                for member in ("ReclaimRequested", "StopRequested")], 25.0)
 
     def forward():
-        with conn.filter(MatchRule(**fields), bufsize=16) as requests:
+        mine = MatchRule(type="signal", interface=CLAIM_IFACE, path=claim_path(ref))
+        with conn.filter(mine, bufsize=16) as requests:
             try:
                 while True:
                     msg = conn.recv_until_filtered(requests)

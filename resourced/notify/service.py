@@ -455,44 +455,32 @@ class Agent:
     # -- set-up ------------------------------------------------------------------------
     async def start(self) -> None:
         """Subscribe first, then read the state, so no change falls in between."""
-        from jeepney import MessageType
-        from jeepney.bus_messages import MatchRule
-
+        from resourced.client import signals
         from resourced.protocol.names import BUS_NAME, MANAGER_IFACE, MANAGER_PATH
 
-        level_changed = MatchRule(type=MessageType.signal, interface=MANAGER_IFACE,
-                                  member="LevelChanged", path=MANAGER_PATH)
-        from_server = [MatchRule(type=MessageType.signal, interface=NOTIFICATIONS,
-                                 member=member, path=NOTIFICATIONS_PATH)
-                       for member in ("NotificationClosed", "ActionInvoked", "ActivationToken")]
-        await self._listen(self.daemon, level_changed, sender=BUS_NAME)
-        for rule in _calendar_rules():
-            await self._listen(self.daemon, rule, sender=BUS_NAME)
-        await self._listen(self.daemon, _owner_changed(BUS_NAME), sender="org.freedesktop.DBus")
-        for rule in from_server:
-            await self._listen(self.notifications, rule, sender=NOTIFICATIONS)
-        await self._listen(self.notifications, _owner_changed(NOTIFICATIONS),
-                           sender="org.freedesktop.DBus")
+        await self._listen(self.daemon, [
+            signals.rule(MANAGER_IFACE, "LevelChanged", MANAGER_PATH), *_calendar_rules(),
+            signals.owner_changed()])
+        await self._listen(self.notifications, [
+            *(signals.rule(NOTIFICATIONS, member, NOTIFICATIONS_PATH, sender=NOTIFICATIONS)
+              for member in ("NotificationClosed", "ActionInvoked", "ActivationToken")),
+            signals.owner_changed(NOTIFICATIONS)])
         self.owner = await self._name_owner(self.daemon, BUS_NAME)
         if self.owner:
             await self.resync()
         log.info("watching %s on the %s bus (%s)", BUS_NAME, self.bus,
                  "running" if self.owner else "not running yet")
 
-    async def _listen(self, router, rule, sender: str) -> None:
-        """Ask the bus for ``rule`` from ``sender``; queue the matches.
+    async def _listen(self, router, rules) -> None:
+        """Queue what ``rules`` match on ``router`` (``client.signals``)."""
+        from jeepney.io.common import RouterClosed
 
-        The bus checks a well-known ``sender`` against the name's current owner; jeepney
-        compares senders literally, so the local filter goes without it.
-        """
-        from jeepney import MessageType
-        from jeepney.bus_messages import MatchRule, message_bus
+        from resourced.client.signals import listen_async
 
-        remote = MatchRule(type=MessageType.signal, sender=sender,
-                           **{k: v for k, v in rule.header_fields.items()})
-        remote.arg_conditions = dict(rule.arg_conditions)
-        self._filters.append(router.filter(rule, queue=self.queue))
-        await self._call(router, message_bus.AddMatch(remote))
+        try:
+            self._filters += await listen_async(router, rules, self.queue, CALL_TIMEOUT)
+        except (RouterClosed, EOFError, ConnectionError) as exc:
+            raise BusLost(f"lost the connection to the {self._names[id(router)]} bus") from exc
 
     # -- the loop ----------------------------------------------------------------------
     async def run(self) -> None:
@@ -848,10 +836,8 @@ class Agent:
 
 
 def _calendar_rules():
-    """This user's booking signals, every claim's Ending (checked to be ours), notices."""
-    from jeepney import MessageType
-    from jeepney.bus_messages import MatchRule
-
+    """What changes the calendar's bubbles: my bookings, claims' ends, notices."""
+    from resourced.client import signals
     from resourced.protocol.names import (
         CLAIM_IFACE,
         MANAGER_IFACE,
@@ -860,23 +846,9 @@ def _calendar_rules():
         user_path,
     )
 
-    return [
-        MatchRule(type=MessageType.signal, interface=USER_IFACE, member="BookingChanged",
-                  path=user_path(os.getuid())),
-        MatchRule(type=MessageType.signal, interface=CLAIM_IFACE, member="Ending"),
-        MatchRule(type=MessageType.signal, interface=MANAGER_IFACE, member="NoticeAdded",
-                  path=MANAGER_PATH),
-    ]
-
-
-def _owner_changed(name: str):
-    from jeepney import MessageType
-    from jeepney.bus_messages import MatchRule
-
-    rule = MatchRule(type=MessageType.signal, interface="org.freedesktop.DBus",
-                     member="NameOwnerChanged", path="/org/freedesktop/DBus")
-    rule.add_arg_condition(0, name)
-    return rule
+    return [signals.rule(USER_IFACE, "BookingChanged", user_path(os.getuid())),
+            signals.rule(CLAIM_IFACE, "Ending"),
+            signals.rule(MANAGER_IFACE, "NoticeAdded", MANAGER_PATH)]
 
 
 def _notifications():

@@ -477,27 +477,16 @@ class Runner:
         return fd
 
     def _connect(self):
-        from jeepney import MatchRule, MessageType
-        from jeepney.bus_messages import message_bus
-        from jeepney.io.blocking import open_dbus_connection
+        from resourced.client import signals
+        from resourced.protocol.names import USER_IFACE, user_path
 
-        from resourced.client.discovery import bus_address
-        from resourced.protocol.names import BUS_NAME, USER_IFACE, user_path
-
+        rules = [signals.rule(USER_IFACE, "BookingChanged", user_path(os.getuid())),
+                 signals.owner_changed()]
         try:
-            conn = open_dbus_connection(bus_address(self.bus))
+            conn = signals.listen(self.bus, rules, CALL_TIMEOUT)
         except (OSError, KeyError, ValueError, TimeoutError) as exc:
             raise GpuctlError(f"cannot reach the {self.bus} bus: {exc}", EXIT_UNREACHABLE) \
                 from None
-        rules = [MatchRule(type=MessageType.signal, sender=BUS_NAME, interface=USER_IFACE,
-                           member="BookingChanged", path=user_path(os.getuid()))]
-        owner = MatchRule(type=MessageType.signal, sender="org.freedesktop.DBus",
-                          interface="org.freedesktop.DBus", member="NameOwnerChanged",
-                          path="/org/freedesktop/DBus")
-        owner.add_arg_condition(0, BUS_NAME)
-        rules.append(owner)
-        for rule in rules:
-            conn.send_and_get_reply(message_bus.AddMatch(rule), timeout=CALL_TIMEOUT)
         return conn
 
     @staticmethod

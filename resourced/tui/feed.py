@@ -27,20 +27,12 @@ INTERFACES = frozenset({MANAGER_IFACE, USER_IFACE, CLAIM_IFACE})
 
 
 def match_rules():
-    """The rules to add on the bus (a well-known sender: the bus resolves it)."""
-    from jeepney import MatchRule, MessageType
+    """The rules to ask of the bus (``client.signals``)."""
+    from resourced.client import signals
 
-    owner = MatchRule(type=MessageType.signal, sender=DBUS, interface=DBUS,
-                      member="NameOwnerChanged", path="/org/freedesktop/DBus")
-    owner.add_arg_condition(0, BUS_NAME)
-    return [
-        MatchRule(type=MessageType.signal, sender=BUS_NAME, interface=MANAGER_IFACE,
-                  path=MANAGER_PATH),
-        MatchRule(type=MessageType.signal, sender=BUS_NAME, interface=USER_IFACE,
-                  member="BookingChanged"),
-        MatchRule(type=MessageType.signal, sender=BUS_NAME, interface=CLAIM_IFACE),
-        owner,
-    ]
+    return [signals.rule(MANAGER_IFACE, path=MANAGER_PATH),
+            signals.rule(USER_IFACE, "BookingChanged"), signals.rule(CLAIM_IFACE),
+            signals.owner_changed()]
 
 
 def wanted(msg) -> str | None:
@@ -76,19 +68,9 @@ class Feed(threading.Thread):
     def subscribe(self) -> None:
         """Connect and add the rules; raises when the bus cannot be had (call it before
         ``start`` to fail early, or let ``run`` call it)."""
-        from jeepney.bus_messages import message_bus
-        from jeepney.io.blocking import open_dbus_connection
+        from resourced.client.signals import listen
 
-        from resourced.client.discovery import bus_address
-
-        conn = open_dbus_connection(bus_address(self.bus))
-        try:
-            for rule in match_rules():
-                conn.send_and_get_reply(message_bus.AddMatch(rule), timeout=self.timeout)
-        except BaseException:
-            conn.close()
-            raise
-        self._conn = conn
+        self._conn = listen(self.bus, match_rules(), self.timeout)
         self.ready.set()
 
     def run(self) -> None:

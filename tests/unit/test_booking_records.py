@@ -6,12 +6,13 @@ from resourced.client.bookings import record, snake
 from resourced.core.calendar import Booking, BookingRequest
 from resourced.core.claims import Demand
 from resourced.core.inventory import Gpu
-from resourced.daemon.bus.bookings import FIELDS, booking_fields, booking_record
+from resourced.daemon.bus.bookings import booking_fields, booking_record
+from resourced.protocol.records import BOOKING
 
 
 def test_every_field_has_the_same_name_both_ways():
-    for key, name, _ in FIELDS:
-        assert snake(key) == name
+    for field in BOOKING:
+        assert snake(field.wire) == field.key
 
 
 def test_the_a_sv_record_and_the_json_fields_are_the_same_booking():
@@ -20,7 +21,7 @@ def test_the_a_sv_record_and_the_json_fields_are_the_same_booking():
                                                     label="l"),
                 1_000, 3_601_000, ("GPU-a",), False, 500, "op")
     fields = booking_fields(b, gpus, "granted")
-    assert set(fields) == {name for _, name, _ in FIELDS}
+    assert set(fields) == {f.key for f in BOOKING}
     wire = booking_record(fields)
     as_jeepney = {k: (v.signature, v.value) for k, v in wire.items()}  # how jeepney decodes
     assert record(as_jeepney) == fields

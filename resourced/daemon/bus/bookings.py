@@ -16,6 +16,7 @@ from resourced.core.calendar import Blackout, Booking, BookingRequest, Notice
 from resourced.core.claims import Demand
 from resourced.errors import InvalidRequest
 from resourced.protocol.names import USER_IFACE
+from resourced.protocol.records import BLACKOUT, BOOKING, NOTICE, Field
 
 from .interface import Interface
 from .options import parse_options
@@ -79,23 +80,6 @@ def list_filter(options: dict) -> dict:
     return opts
 
 
-FIELDS = (
-    ("Id", "id", "s"), ("UID", "uid", "u"), ("User", "user", "s"), ("State", "state", "s"),
-    ("StartUSec", "start_usec", "t"), ("EndUSec", "end_usec", "t"),
-    ("CreatedUSec", "created_usec", "t"), ("GPUUUIDs", "gpu_uuids", "as"),
-    ("GPUIndices", "gpu_indices", "au"), ("GPUs", "gpus", "u"),
-    ("VRAMBytes", "vram_bytes", "t"), ("Shared", "shared", "b"),
-    ("Exclusive", "exclusive", "b"), ("Pools", "pools", "a{st}"), ("Label", "label", "s"),
-    ("TaskName", "task_name", "s"), ("OpID", "op_id", "s"), ("Ended", "ended", "s"),
-    ("EndedBy", "ended_by", "i"), ("EndedUSec", "ended_usec", "t"),
-    ("Reason", "reason", "s"), ("ClaimState", "claim_state", "s"),
-    ("WaitingFor", "waiting_for", "as"), ("Session", "session", "s"), ("Job", "job", "s"),
-    ("JobExit", "job_exit", "i"), ("JobDetail", "job_detail", "s"),
-    ("Isolated", "isolated", "b"),
-)
-"""A booking's record: its a{sv} key, its JSON key (what the clients return), its type."""
-
-
 def booking_fields(b: Booking, gpus: dict, claim_state: str = "",
                    waiting_for: list[str] = ()) -> dict:
     """A booking's record by JSON key; ``gpus`` maps UUIDs to the ledger's GPUs;
@@ -116,9 +100,14 @@ def booking_fields(b: Booking, gpus: dict, claim_state: str = "",
     }
 
 
+def wire_record(kind: tuple[Field, ...], values: dict) -> dict:
+    """A record of ``kind`` (``protocol.records``) as the a{sv} it is on the bus."""
+    return {f.wire: Variant(f.signature, values[f.key]) for f in kind}
+
+
 def booking_record(fields: dict) -> dict:
     """The a{sv} of a booking's fields."""
-    return {key: Variant(signature, fields[name]) for key, name, signature in FIELDS}
+    return wire_record(BOOKING, fields)
 
 
 class BookingTexts:
@@ -144,14 +133,13 @@ class BookingTexts:
 
 
 def blackout_record(b: Blackout) -> dict:
-    return {"Id": Variant("s", b.id), "StartUSec": Variant("t", b.start_usec),
-            "EndUSec": Variant("t", b.end_usec), "Reason": Variant("s", b.reason)}
+    return wire_record(BLACKOUT, {"id": b.id, "start_usec": b.start_usec,
+                                  "end_usec": b.end_usec, "reason": b.reason})
 
 
 def notice_record(n: Notice) -> dict:
-    return {"Id": Variant("s", n.id), "Text": Variant("s", n.text),
-            "CreatedUSec": Variant("t", n.created_usec), "UntilUSec": Variant("t", n.until_usec),
-            "By": Variant("u", n.by)}
+    return wire_record(NOTICE, {"id": n.id, "text": n.text, "created_usec": n.created_usec,
+                                "until_usec": n.until_usec, "by": n.by})
 
 
 class UserInterface(Interface):

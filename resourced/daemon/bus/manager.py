@@ -25,7 +25,7 @@ exported.
 import contextlib
 import json
 
-from dbus_fast import Message, MessageFlag, MessageType, PropertyAccess, Variant
+from dbus_fast import Message, MessageFlag, MessageType, PropertyAccess
 from dbus_fast.service import dbus_method, dbus_property, dbus_signal
 
 from resourced import __version__
@@ -51,6 +51,7 @@ from resourced.protocol.names import (
     pool_path,
     user_path,
 )
+from resourced.protocol.records import PROCESS, REPORT, SLOT
 
 from .. import memory
 from ..engine.engine import Engine
@@ -67,6 +68,7 @@ from .bookings import (
     booking_request,
     list_filter,
     notice_record,
+    wire_record,
 )
 from .caller import Credentials, current_call
 from .claim import ClaimInterface
@@ -500,10 +502,10 @@ class ManagerInterface(Interface):
             raise InvalidRequest(f"count must be from 1 to {MAX_SLOTS}")
         request, _, _ = booking_request(options, self._gpu_uuid)
         gpus = self.engine.ledger.gpus
-        return [{"StartUSec": Variant("t", start),
-                 "EndUSec": Variant("t", start + request.duration_usec),
-                 "GPUUUIDs": Variant("as", list(on)),
-                 "GPUIndices": Variant("au", [gpus[u].index for u in on])}
+        return [wire_record(SLOT, {"start_usec": start,
+                                   "end_usec": start + request.duration_usec,
+                                   "gpu_uuids": list(on),
+                                   "gpu_indices": [gpus[u].index for u in on]})
                 for start, on in self.engine.bookings.slots(request, count)]
 
     @dbus_method()
@@ -701,26 +703,10 @@ class ManagerInterface(Interface):
 def _report(r: GpuReport, isolated: bool) -> dict:
     """One GPU's verify report as a{sv} (processes as aa{sv}: Pid, UsedMemoryBytes, UID,
     User, Command, Claim, Ambiguous, Container); ``isolated``: its claim's."""
-    processes = [
-        {
-            "Pid": Variant("u", p.pid),
-            "UsedMemoryBytes": Variant("t", p.used_memory_bytes),
-            "UID": Variant("i", p.uid),
-            "User": Variant("s", p.user),
-            "Command": Variant("s", p.command),
-            "Claim": Variant("s", p.claim_id),
-            "Ambiguous": Variant("s", p.ambiguous),
-            "Container": Variant("s", p.container),
-        }
-        for p in r.processes
-    ]
-    return {
-        "UUID": Variant("s", r.uuid),
-        "Alias": Variant("s", r.alias),
-        "Index": Variant("i", r.index),
-        "Status": Variant("s", r.status),
-        "Claim": Variant("s", r.claim_id),
-        "Isolated": Variant("b", isolated),
-        "Detail": Variant("s", r.detail),
-        "Processes": Variant("aa{sv}", processes),
-    }
+    processes = [wire_record(PROCESS, {
+        "pid": p.pid, "used_memory_bytes": p.used_memory_bytes, "uid": p.uid, "user": p.user,
+        "command": p.command, "claim": p.claim_id, "ambiguous": p.ambiguous,
+        "container": p.container}) for p in r.processes]
+    return wire_record(REPORT, {
+        "uuid": r.uuid, "alias": r.alias, "index": r.index, "status": r.status,
+        "claim": r.claim_id, "isolated": isolated, "detail": r.detail, "processes": processes})
