@@ -51,6 +51,7 @@ def init(system, output, force, as_json):
     """
     from resourced.backends import BackendError, select_backend
     from resourced.exits import GpuctlError
+    from resourced.linux.atomic_file import write_atomically
     from resourced.protocol.names import JSON_SCHEMA
 
     if as_json and str(output) == "-":
@@ -73,9 +74,7 @@ def init(system, output, force, as_json):
     if path.exists() and not force:
         raise GpuctlError(f"{path} exists; use --force to overwrite it", exit_code=1)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_atomically(path, text, mode=0o644)
     if as_json:
         emit_json({"schema": JSON_SCHEMA, "path": str(path), "backend": backend.name,
                    "gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name} for g in gpus]})

@@ -184,11 +184,11 @@ def write_connection(directory, environ=os.environ):
     """Record ``directory`` as this account's shared bus; return the file written."""
     from pathlib import Path
 
+    from resourced.linux.atomic_file import write_atomically
+
     path = Path(client_file(environ))
     path.parent.mkdir(parents=True, exist_ok=True)
     quoted = str(directory).replace("\\", "\\\\").replace('"', '\\"')
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("# Written by `gpuctl connect`: the shared bus this account uses.\n"
-                   f'shared_dir = "{quoted}"\n')
-    tmp.replace(path)
+    write_atomically(path, "# Written by `gpuctl connect`: the shared bus this account uses.\n"
+                     f'shared_dir = "{quoted}"\n', mode=0o644)
     return path

@@ -22,6 +22,7 @@ import signal
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
 
+from resourced.linux.atomic_file import write_atomically
 from resourced.linux.users import user_name
 from resourced.protocol.names import shared_bus_address
 
@@ -131,11 +132,8 @@ class SharedBus:
         try:
             os.chown(self.directory, -1, gid)
             os.chmod(self.directory, DIR_MODE)
-            config = self.directory / CONFIG
-            tmp = config.with_suffix(".tmp")
-            tmp.write_text(bus_config(self.directory, host, self.group))
-            os.chmod(tmp, 0o644)
-            tmp.replace(config)
+            write_atomically(self.directory / CONFIG,
+                             bus_config(self.directory, host, self.group), mode=0o644)
         except PermissionError as exc:
             self.close()
             raise SharedBusError(f"cannot give {self.directory} to group {self.group}: "
