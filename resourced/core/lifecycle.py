@@ -7,6 +7,7 @@ that a client, a log or the usage history would carry on.  The strings are the w
 they appear in JSON, in signals and in the logs, and never change.
 """
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -23,11 +24,11 @@ class Lifecycle:
     ends: frozenset[str]
     """Why one reaches a final state (for a job: the final states themselves)."""
 
-    @property
+    @functools.cached_property
     def states(self) -> frozenset[str]:
         return frozenset(self.moves).union(*self.moves.values(), self.first)
 
-    @property
+    @functools.cached_property
     def final(self) -> frozenset[str]:
         return frozenset(s for s in self.states if not self.moves.get(s))
 
