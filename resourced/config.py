@@ -347,6 +347,38 @@ def _number(low: float, *, strict: bool = False, high: float | None = None):
     return check
 
 
+def _seconds(low: float, *, strict: bool = False, high: float):
+    """A span in seconds: a number is seconds, a string takes the duration grammar
+    (``"2d"``, ``"30m"``, ``"1:30:00"``), and the result is held to the bounds."""
+    number = _number(low, strict=strict, high=high)
+
+    def check(value):
+        if not isinstance(value, str):
+            return number(value)
+        from resourced.protocol.when import DURATION_FORMS, parse_duration
+
+        try:
+            return number(parse_duration(value))
+        except (ValueError, _Bad) as exc:
+            if isinstance(exc, _Bad):
+                bounds = str(exc).removeprefix("must be ").rsplit(", not ", 1)[0]
+            elif _is_number_text(value):
+                bounds = f"a number of seconds ({value.strip()}) or have a unit"
+            else:
+                bounds = f"seconds or a duration like {DURATION_FORMS}"
+            raise _Bad(f"must be {bounds}, not {_show(value)}") from None
+
+    return check
+
+
+def _is_number_text(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _index(value):
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 2**31 - 1:
         raise _Bad(f"must be a whole number from 0 to {2**31 - 1}, not {_show(value)}")
@@ -433,16 +465,16 @@ DAY = 86400.0
 YEARS_10 = 3650 * DAY
 """The longest span any setting may name: a larger one is a slip (1e308 seconds hung the
 daemon at start), refused with the key named."""
-_SECONDS = _number(0, high=YEARS_10)
-_SECONDS_ABOVE_0 = _number(0, strict=True, high=YEARS_10)
+_SECONDS = _seconds(0, high=YEARS_10)
+_SECONDS_ABOVE_0 = _seconds(0, strict=True, high=YEARS_10)
 _GPU_HOURS = _number(0, high=1e9)
 
 # For each table: key -> (check, required).  Optional keys missing from the file keep
 # their dataclass default.
 _DAEMON = {
     "runtime_dir": (_directory, False),
-    "probe_timeout": (_number(0, strict=True, high=3600), False),
-    "sample_interval": (_number(0, strict=True, high=DAY), False),
+    "probe_timeout": (_seconds(0, strict=True, high=3600), False),
+    "sample_interval": (_seconds(0, strict=True, high=DAY), False),
     "dead_owner_grace": (_SECONDS, False),
     "access_group": (_string(_GROUP, "a valid group name"), False),
     "persist": (_boolean, False),
@@ -491,7 +523,7 @@ _POOL = {
     "unit": (_string("bytes|count", '"bytes" or "count"'), False),
 }
 _SLURM = {"gpus": (_slurm_gpus, False)}
-_RUNNER = {"grace": (_number(0, high=24 * 3600), False)}
+_RUNNER = {"grace": (_seconds(0, high=DAY), False)}
 _METRICS = {"textfile": (_textfile, False)}
 # The predecessor's [daemon] keys: each is read, and noted. A key renamed maps to its name
 # now; nvidia_smi maps to None: checked and not used (the why is in the note).

@@ -132,17 +132,49 @@ def build_server(link: Bus | None = None):
 
     import anyio.to_thread
     from mcp.server.mcpserver import MCPServer
-    from mcp.server.mcpserver.exceptions import ResourceError
+    from mcp.server.mcpserver.exceptions import ResourceError, ToolError
     from mcp.types import CallToolResult, TextContent, ToolAnnotations
-    from pydantic import Field
+    from pydantic import BeforeValidator, Field, ValidationError
 
     from resourced import __version__
     from resourced.errors import ResourcedError
+    from resourced.protocol.when import DURATION_FORMS, parse_duration
 
     from . import context as agent_context
 
+    class Server(MCPServer):
+        """Arguments that do not match a tool's schema are answered as every other refusal:
+        ``InvalidArgs: <what>`` (``operation_id is required``), not the validator's dump."""
+
+        async def call_tool(self, name, arguments, context=None):
+            try:
+                return await super().call_tool(name, arguments, context)
+            except ToolError as exc:
+                if not isinstance(exc.__cause__, ValidationError):
+                    raise
+                raise ToolError(f"InvalidArgs: {invalid_args(exc.__cause__)}") from exc.__cause__
+
+    def invalid_args(exc: ValidationError) -> str:
+        """What is wrong with each argument, one clause each."""
+        clauses = []
+        for error in exc.errors():
+            name = ".".join(str(part) for part in error["loc"]) or "arguments"
+            if error["type"] == "missing":
+                clauses.append(f"{name} is required")
+            else:
+                clauses.append(f"{name}: {error['msg'].removeprefix('Value error, ')}")
+        return "; ".join(clauses)
+
+    def span_text(value):
+        """A duration in the one grammar, as text: a bare number is refused (Slurm reads
+        minutes where seconds would be meant)."""
+        if not isinstance(value, str):
+            raise ValueError(f"give a duration as text ({DURATION_FORMS}), not {value!r}")
+        parse_duration(value)
+        return value
+
     link = link or Bus()
-    server = MCPServer(NAME, title="resourced: shared GPUs", instructions=INSTRUCTIONS,
+    server = Server(NAME, title="resourced: shared GPUs", instructions=INSTRUCTIONS,
                        version=__version__, log_level="WARNING")
 
     def tool(annotations: ToolAnnotations, name: str | None = None):
@@ -207,7 +239,8 @@ def build_server(link: Bus | None = None):
         "A share of one GPU's memory: bytes, or text like '20G'."))]
     Ram = Annotated[int | str | None, Field(description="Host RAM: bytes, or text like '64G'.")]
     Cpu = Annotated[int | str | None, Field(description="CPU cores.")]
-    Span = Annotated[int | str, Field(description="How long: '30m', '2h', '1d2h', or seconds.")]
+    Span = Annotated[str, BeforeValidator(span_text), Field(description=(
+        f"How long: {DURATION_FORMS} (a bare number is refused: give the unit)."))]
     Ref = Annotated[str, Field(min_length=1, description="The booking's reference (its id).")]
 
     @tool(reading)
@@ -230,9 +263,9 @@ def build_server(link: Bus | None = None):
     @tool(adding)
     async def claim(operation_id: OpId, gpus: Gpus = None, vram: Vram = None, ram: Ram = None,
                     cpu: Cpu = None,
-                    duration: Annotated[int | str | None, Field(description=(
-                        "End the claim this long after now: '2h', '30m' or seconds; none: "
-                        "until released."))] = None,
+                    duration: Annotated[Span | None, Field(description=(
+                        "End the claim this long after now ('2h', '30m'); none: until "
+                        "released."))] = None,
                     task_name: Annotated[str, Field(description="What it is for.")] = "",
                     label: Annotated[str, Field(description="A short label for status.")] = "",
                     owner_pid: Annotated[int | None, Field(ge=1, le=2**32 - 1, description=(
@@ -307,8 +340,8 @@ def build_server(link: Bus | None = None):
 
     @tool(adding)
     async def extend(operation_id: OpId, booking: Ref,
-                     by: Annotated[int | str | None, Field(description=(
-                         "Move the end this much later: '1h', '30m' or seconds."))] = None,
+                     by: Annotated[Span | None, Field(description=(
+                         "Move the end this much later: '1h', '30m'."))] = None,
                      until: Annotated[str | None, Field(description=(
                          "Or the new end: '22:00', ISO 8601 (earlier shrinks it, not before "
                          "now)."))] = None,

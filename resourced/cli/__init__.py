@@ -11,6 +11,8 @@ import click
 from resourced import __version__
 from resourced.exits import EXIT_INTERRUPTED, EXIT_USAGE, GpuctlError, exit_code_for
 
+from ._options import BUSES
+
 COMMANDS = {
     "run": ("claims", "run", "Run a command on free GPUs (or on a claim), then release them."),
     "claim": ("claims", "claim", "Claim GPUs for development; prints the reference."),
@@ -93,7 +95,9 @@ class LazyGroup(click.Group):
 @click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
               show_default=True, help="Colour for what must be noticed (STOP, DEAD, "
               "UNCLAIMED USE...); auto: on a terminal, unless NO_COLOR is set.")
-def cli(color):
+@click.option("--bus", type=click.Choice(BUSES), default=None,
+              help="Which bus every subcommand uses (as the subcommand's own --bus).")
+def cli(color, bus):
     """Share the GPUs of one machine: claim, run, release, and see who holds what.
 
     Exit codes: 0 ok, 1 other error, 2 bad usage, 3 not enough GPUs, 4 GPUs busy with
@@ -111,7 +115,7 @@ CHANGES = frozenset({"claim", "release", "book", "edit", "extend", "cancel", "st
 
 
 @cli.result_callback()
-def _after(rv, color):
+def _after(rv, color, bus):
     """After a subcommand returned (an error raises past this): a change of the user's
     tells the shell hook through the stamp (imported only then: --help stays light)."""
     if click.get_current_context().invoked_subcommand in CHANGES:

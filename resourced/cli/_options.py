@@ -4,14 +4,20 @@ import json
 
 import click
 
+BUSES = ("session", "system", "shared")
+BUS_HELP = ("Which bus to use (default: $RESOURCED_BUS, else the shared bus of `gpuctl connect`, "
+            "else the session bus if a daemon runs or can start there, else the system bus).")
+
+
+def _bus_given_first(ctx, param, value):
+    """``gpuctl --bus system status`` as ``gpuctl status --bus system``: a subcommand's
+    own --bus wins over the one before it."""
+    return value if value is not None else ctx.find_root().params.get("bus")
+
 
 def bus_option(fn):
-    return click.option(
-        "--bus", type=click.Choice(["session", "system", "shared"]), default=None,
-        help="Which bus to use (default: $RESOURCED_BUS, else the shared bus of `gpuctl "
-        "connect`, else the session bus if a daemon runs or can start there, else the system "
-        "bus).",
-    )(fn)
+    return click.option("--bus", type=click.Choice(BUSES), default=None, help=BUS_HELP,
+                        callback=_bus_given_first)(fn)
 
 
 def json_option(fn):
@@ -33,6 +39,40 @@ ALERTS = {"STOP": RED, "NOTICE": YELLOW, "OVERDUE": RED, "WAITING": YELLOW, "DEA
           "MISSING": RED, "ERROR": RED, "WARN": YELLOW, "UNKNOWN": YELLOW,
           "UNAVAILABLE": YELLOW, "FAIL": RED}
 """The words a person must notice in a table, and their colour."""
+
+
+def refs_given(refs: tuple, allocation: str | None, several: bool = True) -> tuple:
+    """The references named, as arguments or by the seed's ``--allocation REF``; at least
+    one, and only one where ``several`` is False."""
+    named = (*refs, allocation) if allocation else tuple(refs)
+    if not named:
+        raise click.UsageError("name the claim: REF (or --allocation REF)")
+    if len(named) > 1 and not several:
+        raise click.UsageError(f"one REF at a time, not {len(named)}")
+    return named
+
+
+def for_each_ref(refs: tuple, act) -> None:
+    """``act(ref)`` for each reference in turn. With several, one that fails is said
+    (``gpuctl: REF: why``) and the rest still run; the first failure's exit code is the
+    command's."""
+    from resourced.errors import ResourcedError
+    from resourced.exits import GpuctlError, exit_code_for
+
+    if len(refs) == 1:
+        act(refs[0])
+        return
+    failed = []
+    for ref in refs:
+        try:
+            act(ref)
+        except (ResourcedError, GpuctlError) as exc:
+            click.echo(f"gpuctl: {ref}: {exc}", err=True)
+            failed.append(exc)
+    if failed:
+        first = failed[0]
+        code = first.exit_code if isinstance(first, GpuctlError) else exit_code_for(first)
+        raise GpuctlError(f"{len(failed)} of {len(refs)} failed", code)
 
 
 def colour_wanted() -> bool:
@@ -176,7 +216,8 @@ class PoolAmount(click.ParamType):
 
 
 class Duration(click.ParamType):
-    """Seconds: ``90``, ``30s``, ``5m``, ``1h``, ``2h30m``, ``1d`` (``resourced.protocol.when``)."""
+    """Seconds, in the one grammar (``resourced.protocol.when``): ``30m``, ``2h``,
+    ``1d2h``, ``1w``, Slurm's ``2:00:00`` and ``1-12:00:00``; a bare number is refused."""
 
     name = "DURATION"
 
@@ -191,6 +232,29 @@ class Duration(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+MONTH = 30 * 86400
+
+
+def window_options(low: float, text: str):
+    """``--span DURATION`` (12h by default) for a drawn window of time, and ``--hours N``,
+    its earlier spelling, kept hidden so that old scripts still run."""
+    def wrap(fn):
+        fn = click.option("--hours", type=click.FloatRange(low / 3600, MONTH / 3600),
+                          default=None, hidden=True)(fn)
+        return click.option("--span", type=Duration(), default=None,
+                            help=f"{text} (default 12h; {low / 3600:g}h to 30d).")(fn)
+    return wrap
+
+
+def window_hours(span: float | None, hours: float | None, low: float) -> float:
+    """The window's span in hours, from ``--span`` or else ``--hours``."""
+    if span is None:
+        return 12.0 if hours is None else hours
+    if not low <= span <= MONTH:
+        raise click.BadParameter(f"must be from {low / 3600:g}h to 30d", param_hint="--span")
+    return span / 3600
+
+
 class CommandAfterDashes(click.Command):
     """A command whose COMMAND comes after ``--``: it notes how many words came after the
     first ``--``, so that ``refuse_stray_words`` can tell a stray word before it."""
@@ -200,17 +264,29 @@ class CommandAfterDashes(click.Command):
         return super().parse_args(ctx, args)
 
 
+def split_at_dashes(command: tuple) -> tuple[tuple, tuple]:
+    """(the words before ``--``, the command after it) of a ``CommandAfterDashes``."""
+    after = click.get_current_context().meta.get("words_after_dashes")
+    if after is None:
+        return command, ()
+    return command[:len(command) - after], command[len(command) - after:]
+
+
 def refuse_stray_words(command: tuple, form: str, dashes_needed: bool = False) -> None:
     """A word before ``--`` (``--for 2 hours``, ``--label my job``) is an option's second
     word, never the command to run: refused, before anything is asked of the daemon."""
-    after = click.get_current_context().meta.get("words_after_dashes")
-    if after is None:
-        if command and dashes_needed:
-            raise click.UsageError(f"unexpected argument {command[0]!r}: the command goes "
-                                   f"after --: {form}")
+    words, _ = split_at_dashes(command)
+    if click.get_current_context().meta.get("words_after_dashes") is None and not dashes_needed:
         return
-    stray = command[:len(command) - after]
-    if stray:
-        raise click.UsageError(f"unexpected argument {stray[0]!r} before --: an option takes "
-                               f"one word (quote a label with spaces; --for 2h, not 2 hours), "
-                               f"and the command goes after --: {form}")
+    if words:
+        raise stray_word(words[0], form)
+
+
+def stray_word(word: str, form: str) -> click.UsageError:
+    """The refusal of a word that no option took, before ``--`` or without one."""
+    if click.get_current_context().meta.get("words_after_dashes") is None:
+        return click.UsageError(f"unexpected argument {word!r}: the command goes after --: "
+                                f"{form}")
+    return click.UsageError(f"unexpected argument {word!r} before --: an option takes one word "
+                            f"(quote a label with spaces; --for 2h, not 2 hours), and the "
+                            f"command goes after --: {form}")

@@ -104,11 +104,11 @@ def _context(bus) -> dict:
 
 
 @agent.command()
-@click.option("--gpus", type=click.IntRange(1, 2**32 - 1), help="Whole GPUs.")
+@click.option("--gpus", "-G", type=click.IntRange(1, 2**32 - 1), help="Whole GPUs.")
 @click.option("--vram", type=Memory(), help="A share of one GPU's memory.")
 @click.option("--ram", type=Memory(), help="Host RAM.")
 @click.option("--cpu", type=Count(), help="CPU cores.")
-@click.option("--for", "duration", type=Duration(), required=True, help="How long.")
+@click.option("--for", "-t", "duration", type=Duration(), required=True, help="How long.")
 @bus_option
 @json_option
 def recommend(gpus, vram, ram, cpu, duration, bus, as_json):

@@ -6,6 +6,8 @@ and shown in local time; the daemon stores UTC.  With the simulated backend, *no
 ``$RESOURCED_SIMULATED_CLOCK``'s.
 """
 
+import contextlib
+
 import click
 
 from resourced.agents.context import iso_utc, with_times
@@ -22,9 +24,13 @@ from ._options import (
     dry_run_option,
     echo_table,
     emit_json,
+    for_each_ref,
     json_option,
-    refuse_stray_words,
     session_option,
+    split_at_dashes,
+    stray_word,
+    window_hours,
+    window_options,
 )
 from .status import table
 
@@ -33,16 +39,25 @@ MAX_ROWS = 50
 
 
 class When(click.ParamType):
-    """A moment: ``now``, ``+30m``, ``20:00``, ``tomorrow 09:00``, ``mon 09:00``, ISO 8601."""
+    """A moment: ``now``, ``+30m``, ``20:00``, ``tomorrow 09:00``, ``mon 09:00``, ISO 8601;
+    for a bound in the past (``past=True``: ``--since``) also a duration, that long ago
+    (``--since 1h``)."""
 
     name = "WHEN"
 
+    def __init__(self, past: bool = False):
+        self.past = past
+
     def convert(self, value, param, ctx):
-        from resourced.client.bookings import instant
+        from resourced.client.bookings import instant, now_usec
         from resourced.errors import InvalidRequest
+        from resourced.protocol.when import parse_duration
 
         if isinstance(value, int):
             return value
+        if self.past:
+            with contextlib.suppress(ValueError):
+                return now_usec() - int(parse_duration(value) * 1e6)
         try:
             return instant("time", value)
         except InvalidRequest as exc:
@@ -66,7 +81,7 @@ class GpuList(click.ParamType):
 def booking_options(fn):
     """What a booking asks for: shared by book, edit and slots."""
     options = [
-        click.option("--gpus", type=click.IntRange(1, 2**32 - 1),
+        click.option("--gpus", "-G", type=click.IntRange(1, 2**32 - 1),
                      help="Whole GPUs (default 1 when nothing else is asked for)."),
         click.option("--gpu", "named", type=GpuList(),
                      help="These GPUs, whole (alias, index or UUID; comma-separated)."),
@@ -109,8 +124,8 @@ def _request(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task
 
 @click.command(cls=CommandAfterDashes)
 @booking_options
-@click.option("--for", "duration", type=Duration(), required=True,
-              help="How long: 30m, 2h, 1d2h...")
+@click.option("--for", "-t", "duration", type=Duration(),
+              help="How long: 30m, 2h, 1d2h, 2:00:00 (or the second word of COUNT DURATION).")
 @click.option("--at", "start", type=When(),
               help="Exactly when (else the earliest start that fits): +30m, 20:00, "
               "tomorrow 09:00, an ISO time (local unless it has a zone).")
@@ -123,7 +138,7 @@ def _request(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task
 @dry_run_option
 @bus_option
 @json_option
-@click.argument("command", nargs=-1, metavar="[-- COMMAND [ARGS]...]")
+@click.argument("command", nargs=-1, metavar="[COUNT] [DURATION] [-- COMMAND [ARGS]...]")
 def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_name, duration,
          start, op_id, isolate, session, dry_run, bus, as_json, command):
     """Book GPUs and/or pool amounts for a time window, all or nothing over all of it.
@@ -138,11 +153,17 @@ def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_nam
     unit) starts it at the booking's start on its GPUs and stops it at the end; gpuctl
     bookings shows its state, gpuctl logs REF its output.
 
+    COUNT and DURATION may come first, as GPUBK takes them: gpuctl book 2 30m is
+    gpuctl book --gpus 2 --for 30m.
+
     Example: gpuctl book --gpus 1 --for 2h --at 20:00 --ram 4G -- python train.py
     """
     from resourced.client.bookings import now_usec
 
-    refuse_stray_words(command, "gpuctl book ... -- COMMAND [ARGS]...", dashes_needed=True)
+    form = "gpuctl book [COUNT] [DURATION] [OPTIONS] -- COMMAND [ARGS]..."
+    words, command = split_at_dashes(command)
+    given_gpus, duration = _count_and_duration(words, gpus, duration, form)
+    gpus = gpus if given_gpus is None else given_gpus
     request = _request(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label,
                        task_name, default_gpu=True)
     if op_id is not None:
@@ -171,6 +192,37 @@ def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_nam
     click.echo(f"gpuctl: {said} {where}, {span}", err=True)
     if command and dry_run:
         click.echo("gpuctl: the command would be kept for your runner (nothing kept)", err=True)
+
+
+def _count_and_duration(words: tuple, gpus, duration, form: str) -> tuple:
+    """GPUBK's positional ``COUNT DURATION`` (either may be left out, in that order): the
+    count of GPUs (None: not given) and the duration; any other word is refused as stray."""
+    count = None
+    rest = list(words)
+    if rest and rest[0].isascii() and rest[0].isdigit():
+        if gpus is not None:
+            raise click.UsageError(f"the count {rest[0]} and --gpus {gpus} both say how many "
+                                   "GPUs: give one")
+        count = int(rest.pop(0))
+        if count < 1:
+            raise click.BadParameter("must be at least 1", param_hint="COUNT")
+    if rest:
+        try:
+            seconds = Duration().convert(rest[0], None, None)
+        except click.BadParameter as exc:
+            if len(rest) == 1 and any(c.isdigit() for c in rest[0]):
+                raise click.BadParameter(exc.message, param_hint="DURATION") from None
+            seconds = None
+        if seconds is not None:
+            if duration is not None:
+                raise click.UsageError(f"{rest[0]} and --for both say how long: give one")
+            duration = seconds
+            rest.pop(0)
+    if rest:
+        raise stray_word(rest[0], form)
+    if duration is None:
+        raise click.UsageError(f"how long? --for 2h, or the DURATION word: {form}")
+    return count, duration
 
 
 def _keep_command(c, booking: dict, command: list[str]) -> dict:
@@ -213,18 +265,28 @@ def _keep_command(c, booking: dict, command: list[str]) -> dict:
 
 
 @click.command()
+@click.argument("refs", nargs=-1, metavar="[REF]...")
 @click.option("--all", "all_users", is_flag=True, help="Everyone's, not only mine.")
-@click.option("--since", type=When(),
-              help="Also those that ended since then (default: the last 24 hours).")
+@click.option("--since", type=When(past=True),
+              help="Also those that ended since then, or this long ago (default: 24h).")
 @bus_option
 @json_option
-def bookings(all_users, since, bus, as_json):
-    """List bookings: active and future ones, and those ended lately with how they ended.
+def bookings(refs, all_users, since, bus, as_json):
+    """List bookings: active and future ones, and those ended lately with how they ended;
+    with REF, that booking alone (anyone's), as book shows it.
 
     The table shows the first 50 by start; --json lists them all.
 
     Example: gpuctl bookings --all --since yesterday
+
+    Example: gpuctl bookings b3x9k2q
     """
+    if refs:
+        if all_users or since is not None:
+            raise click.UsageError("REF names the booking: --all and --since do not apply")
+        with client(bus) as c:
+            for_each_ref(refs, lambda ref: _show_one(c.booking(ref), as_json))
+        return
     with client(bus) as c:
         found = c.bookings(all_users=all_users, since=None if since is None else since / 1e6,
                            limit=None if as_json else MAX_ROWS + 1)
@@ -253,7 +315,7 @@ def bookings(all_users, since, bus, as_json):
 @booking_options
 @click.option("--at", "start", type=When(), help="A new start (exactly then).")
 @click.option("--earliest", is_flag=True, help="Move it to the earliest start that fits.")
-@click.option("--for", "duration", type=Duration(), help="A new duration.")
+@click.option("--for", "-t", "duration", type=Duration(), help="A new duration.")
 @click.option("--until", type=When(), help="A new end.")
 @click.option("--op-id", default=None, metavar="ID", help="Retry-safe: a replay changes nothing.")
 @dry_run_option
@@ -320,28 +382,31 @@ def extend(ref, by, until, op_id, dry_run, bus, as_json):
 
 
 @click.command()
-@click.argument("ref")
+@click.argument("refs", nargs=-1, required=True, metavar="REF...")
 @click.option("--reason", default="", help="Why (needed for someone else's booking).")
 @click.option("--op-id", default="", metavar="ID", help="Retry-safe: a replay changes nothing.")
 @dry_run_option
 @bus_option
 @json_option
-def cancel(ref, reason, op_id, dry_run, bus, as_json):
-    """Cancel a booking (an active one gives its GPUs back at once).
+def cancel(refs, reason, op_id, dry_run, bus, as_json):
+    """Cancel bookings (an active one gives its GPUs back at once).
 
     Someone else's booking needs the administrators' polkit action and a --reason, which
-    its owner then sees.
+    its owner then sees. With several REFs each is cancelled in turn; one refused is said
+    and the rest still go (--json: a line each).
 
     Example: gpuctl cancel b3x9k2q
     """
+    if op_id and len(refs) > 1:
+        raise click.UsageError("--op-id names one change: cancel one REF with it")
     with client(bus) as c:
-        booking = c.cancel(ref, reason, op_id=op_id, dry_run=dry_run)
-    _show_one(booking, as_json, dry_run)
+        for_each_ref(refs, lambda ref: _show_one(
+            c.cancel(ref, reason, op_id=op_id, dry_run=dry_run), as_json, dry_run))
 
 
 @click.command()
 @booking_options
-@click.option("--for", "duration", type=Duration(), required=True, help="How long.")
+@click.option("--for", "-t", "duration", type=Duration(), required=True, help="How long.")
 @click.option("--after", "start", type=When(), help="Not before then (default: now).")
 @click.option("--count", type=click.IntRange(1, 20), default=3, show_default=True,
               help="How many places to show.")
@@ -501,22 +566,22 @@ def notice_remove(notice_id, bus):
 
 
 @click.command()
-@click.option("--hours", type=click.FloatRange(0.5, 24 * 30), default=12, show_default=True,
-              help="How far ahead to draw.")
+@window_options(low=1800, text="How far ahead to draw")
 @click.option("--width", type=click.IntRange(40, 1000), default=None,
               help="Columns (default: the terminal's, at most 100 when not a terminal).")
 @bus_option
 @json_option
-def timeline(hours, width, bus, as_json):
+def timeline(span, hours, width, bus, as_json):
     """Draw GPUs (rows) against time (columns): who holds what, now marked.
 
-    Example: gpuctl timeline --hours 24
+    Example: gpuctl timeline --span 1d
     """
     import shutil
 
     from resourced.client.bookings import local_now, now_usec
     from resourced.tui.timeline import render_timeline
 
+    hours = window_hours(span, hours, low=1800)
     now = now_usec()
     end = now + int(hours * 3600e6)
     with client(bus) as c:
@@ -550,8 +615,6 @@ def _show_one(booking: dict, as_json: bool, dry_run: bool = False) -> None:
     would = "would be (nothing changed): " if dry_run else ""
     click.echo(f"{booking['id']}: {would}{state}, {where}, {_when(booking['start_usec'])} to "
                f"{_when(booking['end_usec'])}")
-
-
 
 
 def _when(usec: int) -> str:

@@ -8,6 +8,7 @@ import time
 
 import click
 
+from resourced.exits import EXIT_NO_SUCH_CLAIM, GpuctlError
 from resourced.protocol.names import JSON_SCHEMA
 
 from ._options import (
@@ -22,7 +23,9 @@ from ._options import (
     complete_gpus,
     dry_run_option,
     emit_json,
+    for_each_ref,
     json_option,
+    refs_given,
     refuse_stray_words,
     session_option,
 )
@@ -34,7 +37,7 @@ INT32 = click.IntRange(-2**31, 2**31 - 1)
 def demand_options(fn):
     """What a claim asks for, and how it waits: shared by run and claim."""
     options = [
-        click.option("--gpus", type=click.IntRange(1, UINT32_MAX),
+        click.option("--gpus", "-G", type=click.IntRange(1, UINT32_MAX),
                      help="Whole GPUs (default 1 when nothing else is asked for)."),
         click.option("--vram", type=Memory(), help="A share of one GPU's memory, e.g. 20G."),
         click.option("--ram", type=Memory(), help="Host RAM from the ram pool, e.g. 4G."),
@@ -45,8 +48,8 @@ def demand_options(fn):
                      help="Higher is served first when waiting (FIFO among equals)."),
         click.option("--wait", is_flag=True, help="Queue until it fits instead of exit 3."),
         click.option("--timeout", type=Duration(),
-                     help="With --wait: give up after this long (90, 30s, 5m, 1h); exit 11."),
-        click.option("--for", "duration", type=Duration(),
+                     help="With --wait: give up after this long (30s, 5m, 1h); exit 11."),
+        click.option("--for", "-t", "duration", type=Duration(),
                      help="End the claim this long after asking (30m, 2h): `run` stops the "
                      "command then (SIGTERM, SIGKILL 10 s later)."),
         click.option("--quiet", "-q", is_flag=True,
@@ -173,7 +176,8 @@ def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet, i
         child = PendingChild(list(command))
         try:
             if allocation:
-                granted = c.allocation(allocation, use_index)
+                with naming_bookings(c, allocation):
+                    granted = c.allocation(allocation, use_index)
             else:
                 with WaitingLine(wait and not quiet) as line:
                     granted = c.claim(mode="run", owner_pid=child.pid, label=label,
@@ -376,8 +380,9 @@ def _say_dry_run(result: dict, then: str = "") -> None:
 
 
 @click.command()
+@click.argument("refs", nargs=-1, metavar="[REF]...", shell_complete=complete_claims)
 @click.option("--allocation", metavar="REF", shell_complete=complete_claims,
-              help="The claim to release.")
+              help="The claim to release (as REF; the predecessor's spelling).")
 @click.option("--gpu", metavar="GPU", shell_complete=complete_gpus,
               help="Release whatever claim holds this GPU (with --force).")
 @click.option("--force", is_flag=True, help="Release even if the claim's processes still run.")
@@ -385,41 +390,74 @@ def _say_dry_run(result: dict, then: str = "") -> None:
 @dry_run_option
 @bus_option
 @json_option
-def release(allocation, gpu, force, reason, dry_run, bus, as_json):
-    """Release a claim: by reference, or (to recover a lost claim) by GPU.
+def release(refs, allocation, gpu, force, reason, dry_run, bus, as_json):
+    """Release claims: by reference (several at once), or (to recover a lost claim) by GPU.
 
     A release is refused (exit 9) while the claim's processes still use its GPUs;
     --force overrides. `--gpu` always forces and needs no TTY. --dry-run makes the same
-    checks (it is yours, nothing of it still runs) and releases nothing.
+    checks (it is yours, nothing of it still runs) and releases nothing. With several
+    REFs each is released in turn; one refused is said and the rest still go (--json: a
+    line each).
+
+    Example: gpuctl release c4x9k2a
 
     Example: gpuctl release --force --gpu gpu1 --reason "agent crashed"
     """
-    if bool(allocation) == bool(gpu):
-        raise click.UsageError("name the claim with exactly one of --allocation or --gpu")
+    if gpu and (refs or allocation):
+        raise click.UsageError("name the claim by REF or by --gpu, not both")
     if gpu and not force:
         raise click.UsageError("--gpu releases by force: add --force")
     if gpu and dry_run:
-        raise click.UsageError("--dry-run works with --allocation")
+        raise click.UsageError("--dry-run works with REF")
     with client(bus) as c:
         if gpu:
-            ref, warnings = c.release_gpu(gpu, reason), []
-        else:
-            ref, warnings = allocation, c.release(allocation, force=force, dry_run=dry_run)
+            _released(c.release_gpu(gpu, reason), [], dry_run, as_json, by_gpu=True)
+            return
+        def one(ref):
+            with naming_bookings(c, ref):
+                _released(ref, c.release(ref, force=force, dry_run=dry_run), dry_run, as_json)
+
+        for_each_ref(refs_given(refs, allocation), one)
+
+
+@contextlib.contextmanager
+def naming_bookings(c, ref: str):
+    """An unknown claim that is a booking not yet started is named as such ("b3x9k2q is a
+    booking that starts today 21:00"), not as unknown (the exit code stays 6)."""
+    from resourced.errors import NoSuchClaim, ResourcedError
+
+    try:
+        yield
+    except NoSuchClaim:
+        try:
+            booking = c.booking(ref)
+        except ResourcedError:
+            booking = None
+        if booking is None or booking["state"] != "scheduled":
+            raise
+        from resourced.client.bookings import local_text
+
+        raise GpuctlError(f"{ref} is a booking that starts {local_text(booking['start_usec'])}: "
+                          "its claim exists from then", EXIT_NO_SUCH_CLAIM) from None
+
+
+def _released(ref: str, warnings: list, dry_run: bool, as_json: bool, by_gpu=False) -> None:
     if as_json:
         emit_json({"schema": JSON_SCHEMA, "warnings": warnings,
                    **({"dry_run": True, "would_release": ref} if dry_run else {"released": ref})})
     elif dry_run:
         _warn(warnings)
         click.echo(f"gpuctl: would release {ref} (dry run: nothing released)", err=True)
-    elif gpu:
+    elif by_gpu:
         click.echo(f"released {ref}", err=True)
     else:
         _warn(warnings)
 
 
 @click.command()
-@click.option("--allocation", metavar="REF", required=True, shell_complete=complete_claims,
-              help="The claim.")
+@click.argument("ref", required=False, metavar="REF", shell_complete=complete_claims)
+@click.option("--allocation", metavar="REF", shell_complete=complete_claims,
+              help="The claim (as REF; the predecessor's spelling).")
 @index_option
 @click.option("--docker", "engine", flag_value="docker",
               help="Print `docker run` options instead: the claim's GPUs and nothing else.")
@@ -427,7 +465,7 @@ def release(allocation, gpu, force, reason, dry_run, bus, as_json):
               help="Print `podman run` options instead (CDI device names, by index).")
 @bus_option
 @json_option
-def env(allocation, use_index, engine, bus, as_json):
+def env(ref, allocation, use_index, engine, bus, as_json):
     """Print `export` lines that put a shell on a claim's GPUs.
 
     With --docker or --podman: the options that give a container the claim's GPUs and no
@@ -435,17 +473,19 @@ def env(allocation, use_index, engine, bus, as_json):
     the container's processes for the claim's), on one line for `$(...)`; --json prints
     them as a list.
 
-    Example: eval "$(gpuctl env --allocation c4x9k2a)"
+    Example: eval "$(gpuctl env c4x9k2a)"
 
-    Example: docker run --rm $(gpuctl env --allocation "$RESOURCED_ALLOCATION" --docker) IMAGE
+    Example: docker run --rm $(gpuctl env "$RESOURCED_ALLOCATION" --docker) IMAGE
     """
+    [allocation] = refs_given((ref,) if ref else (), allocation, several=False)
     from resourced.client.environment import container_options
 
     if engine and use_index:
         raise click.UsageError("--index does not apply to --docker or --podman: a container "
                                "sees only its GPUs")
     with client(bus) as c:
-        granted = c.allocation(allocation, use_index)
+        with naming_bookings(c, allocation):
+            granted = c.allocation(allocation, use_index)
     _warn(granted["warnings"])
     if engine:
         options = container_options(engine, granted["allocation"], granted["env"])

@@ -163,7 +163,7 @@ def demo(gpus):
         d.say("The calendar: book 2 GPUs for 2 hours an hour from now, see where 4 would fit")
         for args in (("book", "--gpus", "2", "--for", "2h", "--at", "+1h", "--label", "demo"),
                      ("slots", "--gpus", "4", "--for", "1h", "--count", "2"),
-                     ("bookings", "--all"), ("timeline", "--hours", "6", "--width", "90")):
+                     ("bookings", "--all"), ("timeline", "--span", "6h", "--width", "90")):
             click.echo(f"$ gpuctl {' '.join(args)}")
             d.gpuctl(*args)
         d.say("Done: the private daemon and bus are stopped")

@@ -8,14 +8,14 @@ import click
 
 from resourced.exits import EXIT_NO_SUCH_CLAIM, GpuctlError
 
-from ._options import bus_option
+from ._options import Duration, bus_option
 
 
 @click.command()
-@click.option("--grace", type=click.FloatRange(0, 24 * 3600), metavar="SECONDS",
+@click.option("--grace", type=Duration(),
               help="SIGTERM the command's process group this long before the booking's end "
               "(SIGKILL at the end); after a cancellation, SIGKILL this long after SIGTERM. "
-              "Default: [runner] grace in the configuration file, else 30.")
+              "Default: [runner] grace in the configuration file, else 30s.")
 @bus_option
 def runner(grace, bus):
     """Start the commands of your bookings at their start (gpuctl book ... -- COMMAND).
@@ -30,8 +30,10 @@ def runner(grace, bus):
     Commands keep running when the runner stops; a runner started again adopts them and
     never starts a command twice.
 
-    Example: gpuctl runner --grace 60
+    Example: gpuctl runner --grace 1m
     """
+    if grace is not None and grace > 86400:
+        raise click.BadParameter("must be at most 1d", param_hint="--grace")
     from resourced.linux.sd import setup_logging
 
     setup_logging()

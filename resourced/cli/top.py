@@ -6,7 +6,7 @@ import click
 
 from resourced.exits import EXIT_USAGE, GpuctlError
 
-from ._options import Duration, bus_option
+from ._options import Duration, bus_option, window_hours, window_options
 
 INSTALL_HINT = "pip install 'resourced[tui]'"
 KEYS = """\b
@@ -27,18 +27,17 @@ Keys:
 
 
 @click.command(epilog=KEYS)
-@click.option("--hours", type=click.FloatRange(1, 24 * 30), default=12, show_default=True,
-              help="The window's span at start.")
+@window_options(low=3600, text="The window's span at start")
 @click.option("--length", type=Duration(), default="1h", show_default=True,
               help="What b books and e extends by at start (d changes it).")
 @bus_option
-def top(hours, length, bus):
+def top(span, hours, length, bus):
     """A live, full-screen timeline: GPUs against time, who holds and books what, the
     queue, health and notices; keys to zoom, pan, book, extend and cancel.
 
     Live from the daemon's bus signals (redrawn once a minute for the moving now).
 
-    Example: gpuctl top --hours 24
+    Example: gpuctl top --span 1d
     """
     try:
         import textual  # noqa: F401
@@ -46,6 +45,7 @@ def top(hours, length, bus):
         raise GpuctlError(f"gpuctl top needs textual: {INSTALL_HINT}", EXIT_USAGE) from None
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise GpuctlError("gpuctl top needs a terminal (for text: gpuctl timeline)", EXIT_USAGE)
+    hours = window_hours(span, hours, low=3600)
     if not length > 0:
         raise click.BadParameter("must be more than 0", param_hint="--length")
     from resourced.client.sync import Client

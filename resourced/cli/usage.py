@@ -9,7 +9,8 @@ from .status import table
 
 @click.command()
 @click.option("--user", metavar="USER", help="One user (a name or a uid).")
-@click.option("--since", type=When(), help="From then (default: 7 days ago).")
+@click.option("--since", type=When(past=True),
+              help="From then, or this long ago (1h, 2d; default: 7d ago).")
 @click.option("--until", type=When(), help="Until then (default: now).")
 @click.option("--by", type=click.Choice(["user", "gpu"]), default="user", show_default=True,
               help="One row per user, or per GPU (with its mean utilisation and memory in "

@@ -30,7 +30,9 @@ from resourced.errors import (
     LimitExceeded,
     NoSuchClaim,
     NotClaimOwner,
+    NoSuchPool,
     NotEnoughCapacity,
+    NotEnoughGPUs,
     quoted,
 )
 
@@ -627,14 +629,16 @@ def _check_satisfiable(request: BookingRequest, timeline: Timeline) -> None:
     unknown = set(request.named + request.excluded) - set(timeline.memory)
     if unknown:
         raise InvalidRequest(f"no GPU {quoted(min(unknown))}")
+    # More than there is: refused as a claim is (never_fits), whatever is asked.
     if demand.gpus > len(gpus):
-        raise InvalidRequest(f"{demand.gpus} GPU(s) wanted, {len(gpus)} may be used")
+        raise NotEnoughGPUs(f"{demand.gpus} GPU(s) wanted, {len(gpus)} may be used")
     biggest = max(timeline.memory.values(), default=0)
     if request.demand.vram > biggest:
-        raise InvalidRequest(f"{format_amount(request.demand.vram, 'bytes')} of VRAM wanted, "
-                             f"the largest GPU has {format_amount(biggest, 'bytes')}")
+        raise NotEnoughCapacity(f"{format_amount(request.demand.vram, 'bytes')} of VRAM wanted, "
+                                f"the largest GPU has {format_amount(biggest, 'bytes')}")
     for name, amount in demand.pools:
         if name not in timeline.capacity:
-            raise InvalidRequest(f"no pool {quoted(name)}")
+            known = ", ".join(sorted(timeline.capacity)) or "none"
+            raise NoSuchPool(f"no pool {quoted(name)}; pools: {known}")
         if amount > timeline.capacity[name]:
-            raise InvalidRequest(f"more {name} than the pool holds")
+            raise NotEnoughCapacity(f"more {name} than the pool holds")

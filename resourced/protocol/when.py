@@ -1,6 +1,7 @@
 """Times as people type them on the command line, and as tables show them.
 
-``parse_duration`` reads spans (``90``, ``30s``, ``2h30m``, ``1d``) as float seconds;
+``parse_duration`` reads spans (``30s``, ``2h30m``, ``1d``, ``1w``, Slurm's ``2:00:00``) as
+float seconds, and ``duration_seconds`` also a number of seconds (configuration, Python);
 ``parse_when`` reads moments (``now``, ``+30m``, ``20:00``, ``tomorrow 09:00``,
 ``mon 09:00``, ISO 8601) relative to an aware ``now`` in the user's zone;
 ``format_when`` and ``format_span`` write them back short.  ``usec`` and ``moment``
@@ -13,17 +14,25 @@ import math
 import re
 from datetime import UTC, datetime, time, timedelta, tzinfo
 
-__all__ = ["EPOCH", "format_span", "format_when", "moment", "parse_duration", "parse_when", "usec"]
+__all__ = ["DURATION_FORMS", "EPOCH", "duration_seconds", "format_span", "format_when", "moment",
+           "parse_duration", "parse_when", "usec"]
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_USEC = timedelta(microseconds=1)
 
 _NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
 _DURATION = re.compile(
-    rf"(?:(?P<d>{_NUMBER})d)?(?:(?P<h>{_NUMBER})h)?(?:(?P<m>{_NUMBER})m)?(?:(?P<s>{_NUMBER})s)?",
+    rf"(?:(?P<w>{_NUMBER})w)?(?:(?P<d>{_NUMBER})d)?(?:(?P<h>{_NUMBER})h)?"
+    rf"(?:(?P<m>{_NUMBER})m)?(?:(?P<s>{_NUMBER})s)?",
     re.IGNORECASE | re.ASCII,
 )
 _UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_GROUP_SECONDS = {"w": 7 * 86400, **_UNIT_SECONDS}
+# Slurm's forms with hours in them (sbatch --time): D-H, D-H:MM, D-H:MM:SS and H:MM:SS.
+_SLURM = re.compile(r"(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d\d)(?::(?P<ds>\d\d))?)?"
+                    r"|(?P<h>\d+):(?P<m>\d\d):(?P<s>\d\d))", re.ASCII)
+DURATION_FORMS = "30m, 2h, 1d2h, 1w, 2:00:00 or 1-12:00:00"
+"""The one grammar of spans, as every refusal names it."""
 
 _CLOCK = re.compile(r"(?P<hour>\d{1,2}):(?P<minute>\d{2})(?::(?P<second>\d{2}))?", re.ASCII)
 _ISO = re.compile(
@@ -50,26 +59,50 @@ _WHEN_FORMS = (
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in ``text``: a bare number of seconds (``90``, ``2.5``) or unit groups in
-    the order d, h, m, s (``30s``, ``5m``, ``1h30m``, ``1d2h``, ``1.5h``).
+    """Seconds in ``text``: unit groups in the order w, d, h, m, s (``30s``, ``5m``,
+    ``1h30m``, ``1d2h``, ``1.5h``, ``1w``), or Slurm's ``H:MM:SS``, ``D-H``, ``D-H:MM`` and
+    ``D-H:MM:SS``.
 
-    ``ValueError`` for anything else, negatives included; ``0`` and ``0s`` are 0.0.
+    A bare number is refused: Slurm reads ``90`` as minutes where seconds would be meant
+    here, so the unit is asked for; so is ``MM:SS``, which Slurm reads as minutes and
+    people as hours.  ``ValueError`` naming the forms for anything else, negatives
+    included; ``0s`` is 0.0.
     """
     stripped = str(text).strip()
-    seconds = None
     if re.fullmatch(_NUMBER, stripped, re.ASCII):
-        seconds = float(stripped)
+        raise ValueError(f"{stripped} what? Give the unit: {stripped}s, {stripped}m or "
+                         f"{stripped}h (forms: {DURATION_FORMS})")
+    if re.fullmatch(r"\d+:\d\d", stripped, re.ASCII):
+        raise ValueError(f"{stripped} is minutes:seconds to Slurm and hours:minutes to most "
+                         f"people: say {stripped}:00 for hours or use units (forms: "
+                         f"{DURATION_FORMS})")
+    seconds = None
+    slurm = _SLURM.fullmatch(stripped)
+    if slurm is not None:
+        d, h, m, s = (slurm["d"], slurm["dh"], slurm["dm"], slurm["ds"]) if slurm["d"] \
+            else (None, slurm["h"], slurm["m"], slurm["s"])
+        if int(m or 0) < 60 and int(s or 0) < 60:
+            seconds = float(int(d or 0) * 86400 + int(h) * 3600 + int(m or 0) * 60 + int(s or 0))
     elif stripped:
-        m = _DURATION.fullmatch(stripped)
-        if m is not None:
-            seconds = sum(
-                float(number) * _UNIT_SECONDS[unit]
-                for unit, number in m.groupdict().items()
-                if number is not None
-            )
+        match = _DURATION.fullmatch(stripped)
+        if match is not None:
+            seconds = sum(float(number) * _GROUP_SECONDS[unit]
+                          for unit, number in match.groupdict().items() if number is not None)
     if seconds is None or not math.isfinite(seconds):
-        raise ValueError(f"expected a duration like 90, 30s, 5m, 2h30m or 1d, not {text!r}")
+        raise ValueError(f"expected a duration like {DURATION_FORMS}, not {text!r}")
     return seconds
+
+
+def duration_seconds(value) -> float:
+    """Seconds from a configuration file or Python: a number is seconds (the predecessor's
+    files say ``sample_interval = 30``), a string takes ``parse_duration``'s grammar."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected seconds or a duration like {DURATION_FORMS}, not {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        return parse_duration(value)
+    raise ValueError(f"expected seconds or a duration like {DURATION_FORMS}, not {value!r}")
 
 
 def parse_when(text: str, now: datetime) -> datetime:
@@ -119,8 +152,11 @@ def _parse_words(words: list[str], stripped: str, now: datetime) -> datetime | N
     if len(words) == 1 and words[0] in _DAYS:  # the day's start: "--since yesterday"
         return datetime.combine(today + timedelta(days=_DAYS[words[0]]), time(), tzinfo=zone)
     if stripped.startswith("+"):
+        rest = stripped[1:].strip()
+        if re.fullmatch(_NUMBER, rest, re.ASCII):  # +90: the unit is asked for, as for 90
+            parse_duration(rest)
         try:
-            seconds = parse_duration(stripped[1:])
+            seconds = parse_duration(rest)
         except ValueError:
             return None
         return _plus(now, timedelta(seconds=seconds))

@@ -15,7 +15,13 @@ import threading
 import pytest
 
 from resourced.client.sync import AsyncClient, Client
-from resourced.errors import InvalidRequest, NoSuchClaim, NotEnoughCapacity, ResourcedError
+from resourced.errors import (
+    InvalidRequest,
+    NoSuchClaim,
+    NotEnoughCapacity,
+    NotEnoughGPUs,
+    ResourcedError,
+)
 
 from ..conftest import eventually
 from .conftest import CLOCK_TIMEOUT, NOW, at
@@ -255,14 +261,14 @@ BAD_REQUESTS = {
                     InvalidRequest, "more than 0"),
     "a zero duration as text": ({"duration": "0s", "gpus": 1}, InvalidRequest, "more than 0"),
     "a negative duration": ({"duration": -60, "gpus": 1}, InvalidRequest, "more than 0"),
-    "more GPUs than exist": ({"duration": "1h", "gpus": 5}, InvalidRequest, "5 GPU"),
+    "more GPUs than exist": ({"duration": "1h", "gpus": 5}, NotEnoughGPUs, "5 GPU"),
     "an unknown GPU": ({"duration": "1h", "gpu_names": ["nope"]}, InvalidRequest, "no GPU"),
     "an unknown excluded GPU": ({"duration": "1h", "gpus": 1, "exclude": ["nope"]},
                                 InvalidRequest, "no GPU"),
     "a GPU wanted and excluded": ({"duration": "1h", "gpu_names": ["0"], "exclude": ["0"]},
                                   InvalidRequest, "wanted and excluded"),
     "every GPU excluded": ({"duration": "1h", "gpus": 1, "exclude": ["0", "1", "2", "3"]},
-                           InvalidRequest, "may be used"),
+                           NotEnoughGPUs, "may be used"),
     "longer than the longest booking": ({"duration": "8d", "gpus": 1}, InvalidRequest, "at most"),
     "beyond the horizon": ({"duration": "1h", "gpus": 1, "start": "2027-01-15T09:00:00Z"},
                            InvalidRequest, "ahead"),
@@ -286,7 +292,7 @@ def test_bad_changes_to_a_booking_are_refused_and_change_nothing(clocked_daemon)
     with client() as c:
         unchanged(lambda: c.edit(mine["id"], start="2026-12-01T08:00:00Z"), InvalidRequest)
         unchanged(lambda: c.edit(mine["id"], duration=0), InvalidRequest)
-        unchanged(lambda: c.edit(mine["id"], gpus=3), InvalidRequest)
+        unchanged(lambda: c.edit(mine["id"], gpus=3), NotEnoughGPUs)
         unchanged(lambda: c.edit(mine["id"], duration="8d"), InvalidRequest)
         unchanged(lambda: c.edit(mine["id"], gpus=2, duration="2h"), NotEnoughCapacity)
         unchanged(lambda: c.extend(mine["id"], until="2026-12-01T09:30:00Z"), InvalidRequest)

@@ -122,7 +122,7 @@ def test_a_waiter_is_not_granted_a_gpu_a_stranger_started_using(start_daemon, si
     with Client() as c:
         ref = c.claim(owner_pid=holder.pid)["allocation"]["ref"]
     waiter = subprocess.Popen(
-        [sys.executable, "-m", "resourced.cli", "run", "--wait", "--timeout", "20", "--",
+        [sys.executable, "-m", "resourced.cli", "run", "--wait", "--timeout", "20s", "--",
          "true"], stderr=subprocess.PIPE, text=True)
     try:
         eventually(lambda: len(claims()) == 2)

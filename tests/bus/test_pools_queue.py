@@ -326,7 +326,7 @@ def test_priority_first_then_fifo_among_equals(pools_daemon, tmp_path):
         for label, priority in (("a", 5), ("b", 1), ("c", 5), ("d", 3)):
             waiters.append(spawn_gpuctl(
                 "run", "--pool", "slots=2", "--priority", str(priority), "--wait",
-                "--timeout", "20", "--label", label, "--",
+                "--timeout", "20s", "--label", label, "--",
                 "sh", "-c", f"echo {label} >> {log}"))
             eventually(lambda label=label: label in gpuctl_queue_labels(), timeout=10)
 
@@ -438,7 +438,7 @@ def test_a_queue_timeout_exits_11_and_leaves_no_entry(pools_daemon, tmp_path):
     with Client() as c:
         hold_slots(c, 2)
     started = time.monotonic()
-    r = gpuctl("run", "--pool", "slots=1", "--wait", "--timeout", "1", "--",
+    r = gpuctl("run", "--pool", "slots=1", "--wait", "--timeout", "1s", "--",
                "touch", str(marker), timeout=15)
     elapsed = time.monotonic() - started
     assert r.returncode == 11, r.stderr
@@ -453,7 +453,7 @@ def test_ctrl_c_while_waiting_exits_130_and_leaves_no_entry(pools_daemon, tmp_pa
     marker = tmp_path / "ran"
     with Client() as c:
         hold_slots(c, 2)
-    waiter = spawn_gpuctl("run", "--pool", "slots=1", "--wait", "--timeout", "20", "--",
+    waiter = spawn_gpuctl("run", "--pool", "slots=1", "--wait", "--timeout", "20s", "--",
                           "touch", str(marker))
     try:
         eventually(lambda: len(queue()) == 1, timeout=10)
@@ -490,7 +490,7 @@ def test_a_sigkilled_waiter_leaves_no_entry(pools_daemon, tmp_path, how):
     if how == "Client.acquire":
         waiter = spawn(sys.executable, "-c", HOLDER, "1", "0")
     else:
-        waiter = spawn_gpuctl("run", "--pool", "slots=1", "--wait", "--timeout", "20", "--",
+        waiter = spawn_gpuctl("run", "--pool", "slots=1", "--wait", "--timeout", "20s", "--",
                               "touch", str(tmp_path / "ran"))
     try:
         eventually(lambda: len(queue()) == 1, timeout=10)

@@ -116,7 +116,7 @@ def runner(env, tmp_path, grace=5):
     in a file; waits until it listens, and is killed (SIGKILL) at the end of the block if
     still running."""
     log_path = tmp_path / f"runner-{time.monotonic_ns()}.log"
-    option = [] if grace is None else ["--grace", str(grace)]
+    option = [] if grace is None else ["--grace", f"{grace}s"]
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "resourced.cli", "runner", *option],
                                 env=env, stdout=log, stderr=subprocess.STDOUT)

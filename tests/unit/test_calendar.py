@@ -11,7 +11,13 @@ from resourced.core.calendar import Blackout, BookingRequest, Calendar, Limits
 from resourced.core.claims import Demand
 from resourced.core.lifecycle import ACTIVE, ENDED, SCHEDULED
 from resourced.core.timeline import Timeline
-from resourced.errors import InvalidRequest, NoSuchClaim, NotClaimOwner, NotEnoughCapacity
+from resourced.errors import (
+    InvalidRequest,
+    NoSuchClaim,
+    NotClaimOwner,
+    NotEnoughCapacity,
+    NotEnoughGPUs,
+)
 
 S = 1_000_000  # a second, in microseconds
 H = 3600 * S
@@ -77,19 +83,20 @@ def test_named_and_excluded_gpus():
     assert c.gpus == ("g1",)
 
 
-@pytest.mark.parametrize("request_args, says", [
-    (dict(gpus=1, at=-1), "in the past"),
-    (dict(gpus=4, at=0), "3 may be used"),
-    (dict(gpus=1, at=0, named=("g9",)), "no GPU 'g9'"),
-    (dict(gpus=1, at=0, named=("g0",), excluded=("g0",)), "both wanted and excluded"),
-    (dict(gpus=1, at=0, hours=200), "at most 7d"),
-    (dict(gpus=1, at=24 * 40), "at most 30d ahead"),
-    (dict(cpu=9, at=0), "more cpu than the pool holds"),
+@pytest.mark.parametrize("request_args, error, says", [
+    (dict(gpus=1, at=-1), InvalidRequest, "in the past"),
+    (dict(gpus=4, at=0), NotEnoughGPUs, "3 may be used"),  # as a claim of 4 is refused
+    (dict(gpus=1, at=0, named=("g9",)), InvalidRequest, "no GPU 'g9'"),
+    (dict(gpus=1, at=0, named=("g0",), excluded=("g0",)), InvalidRequest,
+     "both wanted and excluded"),
+    (dict(gpus=1, at=0, hours=200), InvalidRequest, "at most 7d"),
+    (dict(gpus=1, at=24 * 40), InvalidRequest, "at most 30d ahead"),
+    (dict(cpu=9, at=0), NotEnoughCapacity, "more cpu than the pool holds"),
 ])
-def test_bad_requests_are_refused_and_change_nothing(request_args, says):
+def test_bad_requests_are_refused_and_change_nothing(request_args, error, says):
     cal = calendar()
     book(cal, ask(gpus=1, at=0), "a")
-    with pytest.raises(InvalidRequest, match=says):
+    with pytest.raises(error, match=says):
         book(cal, ask(**request_args), "b")
     assert set(cal.bookings) == {"a"}
 

@@ -209,7 +209,10 @@ def test_unknown_section(text, shown):
     "text, key, problem",
     [
         ('[daemon]\nprobe_timeout = "abc"\n', "daemon.probe_timeout",
-         "must be a number greater than 0 and at most 3600, not 'abc'"),
+         "must be seconds or a duration like 30m, 2h, 1d2h, 1w, 2:00:00 or 1-12:00:00, "
+         "not 'abc'"),
+        ('[daemon]\nprobe_timeout = "2h"\n', "daemon.probe_timeout",
+         "must be a number greater than 0 and at most 3600, not '2h'"),
         ("[daemon]\nprobe_timeout = true\n", "daemon.probe_timeout",
          "must be a number greater than 0 and at most 3600, not true"),
         ("[daemon]\nsample_interval = [1]\n", "daemon.sample_interval",
@@ -241,8 +244,8 @@ def test_unknown_section(text, shown):
         ('[[pool]]\nname = "p"\ncapacity = 1.5\n', "pool[0].capacity", "not 1.5"),
         ('[[pool]]\nname = "p"\ncapacity = "lots"\n', "pool[0].capacity", "not 'lots'"),
         ("[daemon]\nprobe_timeout = 1979-05-27\n", "daemon.probe_timeout", "not 1979-05-27"),
-        ('[runner]\ngrace = "60s"\n', "runner.grace",
-         "must be a number from 0 to 86400, not '60s'"),
+        ('[runner]\ngrace = "2d"\n', "runner.grace",
+         "must be a number from 0 to 86400, not '2d'"),
         ("[runner]\ngrace = true\n", "runner.grace", "not true"),
     ],
 )

@@ -42,11 +42,11 @@ def test_the_example_is_ok():
 
 def test_a_bad_file(tmp_path):
     path = tmp_path / "config.toml"
-    path.write_text("[daemon]\nprobe_timeout = 'abc'\n")
+    path.write_text("[daemon]\nprobe_timeout = 7200\n")
     result = check(str(path))
     assert result.stdout == ""
     assert result.stderr == (
-        f"gpuctl: {path}: daemon.probe_timeout: must be a number greater than 0 and at most 3600, not 'abc'\n"
+        f"gpuctl: {path}: daemon.probe_timeout: must be a number greater than 0 and at most 3600, not 7200\n"
     )
     assert_one_error_line(result)
 

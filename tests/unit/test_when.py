@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from resourced.cli._options import Duration
 from resourced.protocol.when import (
     EPOCH,
+    duration_seconds,
     format_span,
     format_when,
     moment,
@@ -30,9 +31,6 @@ NOW1 = datetime(2026, 12, 1, 14, 30, tzinfo=PLUS1)
 @pytest.mark.parametrize(
     "text, seconds",
     [
-        ("90", 90.0),
-        ("2.5", 2.5),
-        ("0", 0.0),
         ("0s", 0.0),
         ("30s", 30.0),
         ("5m", 300.0),
@@ -50,6 +48,13 @@ NOW1 = datetime(2026, 12, 1, 14, 30, tzinfo=PLUS1)
         ("1.5d", 129600.0),
         ("2H30M", 9000.0),
         ("  5m\t", 300.0),
+        ("1w", 604800.0),
+        ("1w2d", 777600.0),
+        ("2:00:00", 7200.0),
+        ("0:30:15", 1815.0),
+        ("1-12:00:00", 129600.0),
+        ("1-12", 129600.0),
+        ("2-0:30", 174600.0),
     ],
 )
 def test_parse_duration(text, seconds):
@@ -59,11 +64,37 @@ def test_parse_duration(text, seconds):
 @pytest.mark.parametrize(
     "text",
     ["", "   ", "xyz", "-5", "-5m", "5x", "5 m", "1h 30m", "30m1h", "1s1m", "h", "1hh",
-     "5w", "1.2.3", "+5m", "inf", "nan", "1e3", "\u0665m", "9" * 400 + "d"],
+     "5y", "1d1w", "1.2.3", "+5m", "inf", "nan", "1e3", "\u0665m", "9" * 400 + "d",
+     "1:60:00", "1:00:60", "1-", "-1:00:00", "1:2:3"],
 )
 def test_parse_duration_refuses(text):
-    with pytest.raises(ValueError, match=r"expected a duration like 90, 30s, 5m, 2h30m or 1d"):
+    with pytest.raises(ValueError, match=r"expected a duration like 30m, 2h, 1d2h, 1w, "
+                                         r"2:00:00 or 1-12:00:00"):
         parse_duration(text)
+
+
+@pytest.mark.parametrize("text", ["90", "2.5", "0", " 60 "])
+def test_a_bare_number_is_refused_with_the_forms(text):
+    """Slurm reads 90 as minutes, resourced read it as seconds: neither is guessed."""
+    with pytest.raises(ValueError, match=r"what\? Give the unit: .*s, .*m or .*h \(forms: 30m"):
+        parse_duration(text)
+
+
+def test_minutes_and_seconds_are_refused_as_unclear():
+    with pytest.raises(ValueError, match=r"2:00 is minutes:seconds to Slurm .* say 2:00:00"):
+        parse_duration("2:00")
+
+
+@pytest.mark.parametrize("value, seconds", [(30, 30.0), (2.5, 2.5), ("2d", 172800.0),
+                                            ("1:30:00", 5400.0)])
+def test_configuration_and_python_take_numbers_as_seconds(value, seconds):
+    assert duration_seconds(value) == seconds
+
+
+@pytest.mark.parametrize("value", [True, None, "30", [1]])
+def test_configuration_and_python_refuse_what_is_not_a_span(value):
+    with pytest.raises(ValueError, match="30m, 2h"):
+        duration_seconds(value)
 
 
 def test_parse_duration_names_the_input():
@@ -76,7 +107,7 @@ def test_parse_duration_names_the_input():
 
 @pytest.mark.parametrize(
     "text, seconds",
-    [("90", 90.0), ("30s", 30.0), ("5m", 300.0), ("1h", 3600.0), ("2h30m", 9000.0),
+    [("90s", 90.0), ("30s", 30.0), ("5m", 300.0), ("1h", 3600.0), ("2h30m", 9000.0),
      ("1.5h", 5400.0), ("1d", 86400.0)],
 )
 def test_duration_type(text, seconds):
@@ -110,7 +141,8 @@ def local(now, *args):
         ("+2h", (2026, 12, 1, 16, 30)),
         ("+1d", (2026, 12, 2, 14, 30)),
         ("+1h30m", (2026, 12, 1, 16, 0)),
-        ("+90", (2026, 12, 1, 14, 31, 30)),
+        ("+90s", (2026, 12, 1, 14, 31, 30)),
+        ("+1:30:00", (2026, 12, 1, 16, 0)),
         ("+0s", (2026, 12, 1, 14, 30)),
         ("+1H", (2026, 12, 1, 15, 30)),
         ("20:00", (2026, 12, 1, 20, 0)),

@@ -1,0 +1,108 @@
+"""The rules of one dialect where they need the daemon: what a user types, and sees."""
+
+import json
+
+import pytest
+
+from ..conftest import gpuctl
+
+
+def bookings() -> list[dict]:
+    return json.loads(gpuctl("bookings", "--json").stdout)
+
+
+def hours(booking: dict) -> float:
+    return (booking["end_usec"] - booking["start_usec"]) / 3600e6
+
+
+def test_book_takes_gpubks_count_and_duration_first(clocked_daemon):
+    clocked_daemon(gpus=4)
+    r = gpuctl("book", "2", "30m", "--json")
+    assert r.returncode == 0, r.stderr
+    booking = json.loads(r.stdout)["booking"]
+    assert (booking["gpus"], hours(booking)) == (2, 0.5)
+    r = gpuctl("book", "-G", "1", "-t", "1:00:00", "--at", "+1h", "--json")
+    assert r.returncode == 0, r.stderr
+    booking = json.loads(r.stdout)["booking"]
+    assert (booking["gpus"], hours(booking)) == (1, 1.0)
+    assert len(bookings()) == 2
+
+
+@pytest.mark.parametrize("args, says", [
+    (["2", "30"], "30 what? Give the unit: 30s, 30m or 30h"),
+    (["2", "30m", "--gpus", "1"], "both say how many GPUs"),
+    (["30m", "--for", "1h"], "both say how long"),
+    (["2"], "how long? --for 2h, or the DURATION word"),
+    (["2", "30m", "soon"], "unexpected argument 'soon'"),
+])
+def test_book_refuses_a_positional_form_it_cannot_read(clocked_daemon, args, says):
+    clocked_daemon(gpus=4)
+    r = gpuctl("book", *args)
+    assert r.returncode == 2 and says in r.stderr, r.stderr
+    assert bookings() == []
+
+
+def test_bus_may_come_before_the_subcommand(daemon):
+    assert gpuctl("--bus", "session", "free", "--json").returncode == 0
+    r = gpuctl("--bus", "session", "free", "--bus", "nosuch")
+    assert r.returncode == 2 and "'nosuch' is not one of" in r.stderr
+
+
+def test_since_takes_a_duration_and_the_timeline_a_span(clocked_daemon):
+    clocked_daemon(gpus=2)
+    assert gpuctl("usage", "--since", "1h", "--json").returncode == 0
+    r = gpuctl("timeline", "--span", "4h", "--json")
+    assert r.returncode == 0, r.stderr
+    drawn = json.loads(r.stdout)
+    assert drawn["until_usec"] - drawn["now_usec"] == 4 * 3600 * 10**6
+    r = gpuctl("timeline", "--span", "4")
+    assert r.returncode == 2 and "4 what?" in r.stderr
+
+
+def claim(pid: int) -> str:
+    r = gpuctl("claim", "--gpus", "1", "--owner-pid", str(pid))
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def live_claims() -> list[str]:
+    return [c["id"] for c in json.loads(gpuctl("status", "--json").stdout)["claims"]]
+
+
+def test_release_takes_several_refs_and_goes_on_past_one_refused(clocked_daemon, owner):
+    clocked_daemon(gpus=4)
+    a, b, c = claim(owner.pid), claim(owner.pid), claim(owner.pid)
+    assert gpuctl("release", a, b).returncode == 0
+    assert live_claims() == [c]
+    r = gpuctl("release", "nosuch", c)
+    assert r.returncode == 6 and "gpuctl: nosuch: " in r.stderr and "1 of 2 failed" in r.stderr
+    assert live_claims() == []
+
+
+def test_env_takes_the_ref_as_its_argument(clocked_daemon, owner):
+    clocked_daemon(gpus=2)
+    ref = claim(owner.pid)
+    by_argument = gpuctl("env", ref, "--json")
+    assert by_argument.returncode == 0, by_argument.stderr
+    assert json.loads(by_argument.stdout) == json.loads(
+        gpuctl("env", "--allocation", ref, "--json").stdout)
+    r = gpuctl("env")
+    assert r.returncode == 2 and "name the claim: REF" in r.stderr
+
+
+def test_a_booking_not_started_is_named_as_such(clocked_daemon):
+    clocked_daemon(gpus=2)
+    ref = gpuctl("book", "1", "1h", "--at", "+2h").stdout.strip()
+    for args in (["env", ref], ["release", ref], ["run", "--allocation", ref, "--", "true"]):
+        r = gpuctl(*args)
+        assert r.returncode == 6, (args, r.stderr)
+        assert f"{ref} is a booking that starts today 11:00" in r.stderr, r.stderr
+    shown = json.loads(gpuctl("bookings", ref, "--json").stdout)
+    assert (shown["id"], shown["state"]) == (ref, "scheduled")
+
+
+def test_cancel_takes_several_refs(clocked_daemon):
+    clocked_daemon(gpus=2)
+    refs = [gpuctl("book", "1", "1h", "--at", at).stdout.strip() for at in ("+1h", "+3h")]
+    assert gpuctl("cancel", *refs).returncode == 0
+    assert {b["state"] for b in bookings()} <= {"ended"}
