@@ -11,7 +11,7 @@ import click
 from resourced import __version__
 from resourced.exits import EXIT_INTERRUPTED, EXIT_USAGE, GpuctlError, exit_code_for
 
-from ._options import BUSES
+from ._options import BUSES, said
 
 COMMANDS = {
     "run": ("claims", "run", "Run a command on free GPUs (or on a claim), then release them."),
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         click.echo(f"gpuctl: {exc.format_message()}{hint}", err=True)
         return EXIT_USAGE
     except GpuctlError as exc:
-        click.echo(f"gpuctl: {exc}", err=True)
+        click.echo(f"gpuctl: {said(exc)}", err=True)
         return exc.exit_code
     except click.ClickException as exc:
         click.echo(f"gpuctl: {exc.format_message()}", err=True)
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         code = exit_code_for(exc)
         if code is None:
             raise
-        click.echo(f"gpuctl: {exc}", err=True)
+        click.echo(f"gpuctl: {said(exc)}", err=True)
         return code
     return rv if isinstance(rv, int) else 0
 

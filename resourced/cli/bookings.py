@@ -397,11 +397,21 @@ def cancel(refs, reason, op_id, dry_run, bus, as_json):
 
     Example: gpuctl cancel b3x9k2q
     """
+    from resourced.client.bookings import now_usec
+
     if op_id and len(refs) > 1:
         raise click.UsageError("--op-id names one change: cancel one REF with it")
+
+    def one(ref):
+        asked = now_usec()
+        booking = c.cancel(ref, reason, op_id=op_id, dry_run=dry_run)
+        if booking["ended"] == "cancelled" and 0 < booking["ended_usec"] < asked:
+            click.echo(f"gpuctl: {ref} was cancelled already, {_when(booking['ended_usec'])} "
+                       "(nothing changed)", err=True)
+        _show_one(booking, as_json, dry_run)
+
     with client(bus) as c:
-        for_each_ref(refs, lambda ref: _show_one(
-            c.cancel(ref, reason, op_id=op_id, dry_run=dry_run), as_json, dry_run))
+        for_each_ref(refs, one)
 
 
 @click.command()

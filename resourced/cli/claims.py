@@ -27,6 +27,7 @@ from ._options import (
     json_option,
     refs_given,
     refuse_stray_words,
+    said,
     session_option,
 )
 
@@ -282,7 +283,7 @@ def _stop_at_end(bus: str, ref: str, pid: int) -> None:
 
 def _warn(warnings: list[str]) -> None:
     for w in warnings:
-        click.echo(f"gpuctl: warning: {w}", err=True)
+        click.echo(f"gpuctl: warning: {said(w)}", err=True)
 
 
 def _confine(c, ref: str, pid: int, ours: bool) -> None:

@@ -54,7 +54,7 @@ def logs(ref, follow):
 
     Example: gpuctl logs b3x9k2q --follow
     """
-    from resourced.runner.jobs import JobError, jobs_dir, load, valid_id
+    from resourced.runner.jobs import JobError, job_ids, jobs_dir, load, valid_id
 
     directory = jobs_dir()
     try:
@@ -62,8 +62,10 @@ def logs(ref, follow):
     except JobError as exc:
         raise GpuctlError(str(exc)) from None
     if job is None:
-        raise GpuctlError(f"no command for {ref} in {directory} (gpuctl book ... -- COMMAND "
-                          "gives a booking one)", EXIT_NO_SUCH_CLAIM)
+        known = job_ids(directory) if directory.is_dir() else []
+        listed = (f"those with one: {', '.join(known[-10:])}" if known else "none has one yet")
+        raise GpuctlError(f"no command for {ref} ({listed}; gpuctl book ... -- COMMAND gives "
+                          "a booking one)", EXIT_NO_SUCH_CLAIM)
     out = click.get_binary_stream("stdout")
 
     def write(data: bytes) -> None:

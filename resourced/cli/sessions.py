@@ -91,6 +91,8 @@ def stop(session, user, reason, dry_run, bus, as_json):
     uid = None if user is None else uid_of(user)
     with client(bus) as c:
         stopped = c.stop(session=session, uid=uid, reason=reason, dry_run=dry_run)
+    if session is not None and not stopped["claims"] and not stopped["bookings"]:
+        _no_such_session(session, uid, bus)
     if as_json:
         emit_json({"schema": JSON_SCHEMA, "dry_run": dry_run, **stopped})
         return
@@ -104,6 +106,25 @@ def stop(session, user, reason, dry_run, bus, as_json):
              if ids]
     click.echo(f"gpuctl: {what}: {verb} {'; '.join(parts)}"
                f"{' (dry run: nothing changed)' if dry_run else ''}", err=True)
+
+
+def _no_such_session(session: str, uid: int | None, bus: str | None) -> None:
+    """A session name that holds nothing is most often a typo: refused (exit 6), naming
+    the sessions that hold something."""
+    import os
+
+    from resourced.exits import EXIT_NO_SUCH_CLAIM, GpuctlError
+
+    uid = os.getuid() if uid is None else uid
+    with client(bus) as c:
+        state = c.status()
+        booked = c.bookings(all_users=True)
+    names = [s["session"] for s in session_list(
+        [c for c in state["claims"] if c["uid"] == uid],
+        [b for b in booked if b["state"] != "ended" and b["uid"] == uid]) if s["session"]]
+    listed = ", ".join(names) if names else "none holds anything now"
+    raise GpuctlError(f"no session {session!r} holds anything (sessions: {listed}; "
+                      "gpuctl sessions)", EXIT_NO_SUCH_CLAIM)
 
 
 def uid_of(user: str) -> int:

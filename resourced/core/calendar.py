@@ -29,8 +29,8 @@ from resourced.errors import (
     InvalidRequest,
     LimitExceeded,
     NoSuchClaim,
-    NotClaimOwner,
     NoSuchPool,
+    NotClaimOwner,
     NotEnoughCapacity,
     NotEnoughGPUs,
     quoted,
@@ -314,7 +314,10 @@ class Calendar:
     def _cancel(self, booking_id, uid, now, admin, reason):
         old = self._own(booking_id, uid, admin)
         if old.state == ENDED:
-            raise InvalidRequest(f"booking {booking_id} has ended already")
+            if old.ended == CANCELLED and uid == old.uid:  # its owner's retry: it happened
+                return old, []
+            raise InvalidRequest(f"booking {booking_id} ended already ({old.ended} at "
+                                 f"{utc_text(old.ended_usec)})")
         if uid != old.uid and uid != 0 and not reason:
             raise InvalidRequest("cancelling someone else's booking needs a reason")
         check_text("reason", reason)

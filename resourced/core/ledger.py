@@ -54,9 +54,9 @@ from .claims import BOOKING, BOOKING_PRIORITY, SLURM, Claim, ClaimRequest, Deman
 from .inventory import Gpu
 from .lifecycle import CLAIM, ENDED, GRANTED, JOB_ENDED, OWNER_EXITED, QUEUED, RELEASED
 from .pools import Pool, format_amount
-from .timeline import Hold, Timeline
 from .queue import WaitQueue, count, counted, rank
 from .refusals import never_fits, short_now
+from .timeline import Hold, Timeline
 from .view import View
 
 NO_MEMBERS: frozenset = frozenset()

@@ -106,3 +106,36 @@ def test_cancel_takes_several_refs(clocked_daemon):
     refs = [gpuctl("book", "1", "1h", "--at", at).stdout.strip() for at in ("+1h", "+3h")]
     assert gpuctl("cancel", *refs).returncode == 0
     assert {b["state"] for b in bookings()} <= {"ended"}
+
+
+# --- rule 6: retries are safe, typos are loud ----------------------------------------------
+
+
+def test_a_second_release_says_when_and_how_the_claim_ended(clocked_daemon, owner):
+    clocked_daemon(gpus=1)
+    ref = claim(owner.pid)
+    assert gpuctl("release", ref).returncode == 0
+    r = gpuctl("release", ref)
+    assert r.returncode == 6  # the predecessor's "unknown or stale allocation"
+    assert f"claim {ref} ended today 09:00 (released)" in r.stderr, r.stderr
+    assert "T09:00" not in r.stderr  # a person's time, not ISO (rule 5)
+
+
+def test_the_owner_repeating_a_cancel_is_told_it_happened(clocked_daemon, clock):
+    clocked_daemon(gpus=1)
+    ref = gpuctl("book", "1", "1h", "--at", "+1h").stdout.strip()
+    assert gpuctl("cancel", ref).returncode == 0
+    clock.set("2026-12-01T09:05:00Z")
+    r = gpuctl("cancel", ref)
+    assert r.returncode == 0, r.stderr
+    assert f"{ref} was cancelled already, today 09:00 (nothing changed)" in r.stderr
+
+
+def test_logs_of_a_ref_without_a_command_lists_those_with_one(clocked_daemon, tmp_path):
+    clocked_daemon(gpus=1)
+    state = {"XDG_STATE_HOME": str(tmp_path)}
+    r = gpuctl("logs", "nosuch", env=state)
+    assert r.returncode == 6 and "no command for nosuch (none has one yet" in r.stderr
+    ref = gpuctl("book", "1", "1h", "--at", "+1h", "--", "true", env=state).stdout.strip()
+    r = gpuctl("logs", "nosuch", env=state)
+    assert r.returncode == 6 and f"no command for nosuch (those with one: {ref};" in r.stderr

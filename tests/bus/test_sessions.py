@@ -416,15 +416,13 @@ def test_stop_needs_a_session_or_a_user(daemon, owner):
     assert set(claims()) == {ref}
 
 
-def test_stop_of_a_session_with_nothing_says_so(daemon, owner):
+def test_stop_of_a_session_that_holds_nothing_is_refused_naming_those_that_do(daemon, owner):
     ref = claim(owner.pid, "--gpus", "1", "--session", "A")
 
-    r = gpuctl("stop", "--session", "nobody")
-
-    assert (r.returncode, r.stdout) == (0, "")
-    assert "nothing to stop" in one_gpuctl_line(r.stderr)
-    assert ok_json("stop", "--session", "nobody") == {
-        "schema": 1, "dry_run": False, "claims": [], "bookings": []}
+    for args in (["--session", "nobody"], ["--session", "nobody", "--json"]):
+        r = gpuctl("stop", *args)
+        assert (r.returncode, r.stdout) == (6, "")
+        assert "no session 'nobody' holds anything (sessions: A;" in one_gpuctl_line(r.stderr)
     assert set(claims()) == {ref}
 
 
@@ -609,11 +607,12 @@ def test_stopping_another_users_sessions_needs_a_reason(daemon, owner):
     ref = claim(owner.pid, "--gpus", "1", "--session", "A")
 
     r = gpuctl("stop", "--user", "1", "--session", "A")  # uid 1 (daemon): not me
-    reasoned = ok_json("stop", "--user", "1", "--session", "A", "--reason", "maintenance")
+    reasoned = gpuctl("stop", "--user", "1", "--session", "A", "--reason", "maintenance")
     unknown = gpuctl("stop", "--user", "no-such-user-x9q")
 
     assert r.returncode == 2 and "reason" in one_gpuctl_line(r.stderr)
-    assert reasoned == {"schema": 1, "dry_run": False, "claims": [], "bookings": []}
+    assert reasoned.returncode == 6  # with a reason, past the check: uid 1 holds no "A"
+    assert "no session 'A' holds anything" in one_gpuctl_line(reasoned.stderr)
     assert unknown.returncode == 2
     assert set(claims()) == {ref}
 

@@ -284,3 +284,35 @@ def test_release_and_env_take_the_ref_or_the_seeds_allocation_alike():
         by_option = parse(("gpuctl", name), command, ["--allocation", "c1"])
         assert by_argument.get("refs", (by_argument.get("ref"),)) in (("c1",), ["c1"])
         assert by_option["allocation"] == "c1"
+
+
+# --- rule 6: retries are safe, typos are loud ----------------------------------------------
+
+
+def test_every_mistyped_option_gets_did_you_mean(capsys):
+    from resourced.cli import main
+
+    checked = 0
+    for path, opt in options():
+        name = next((o for o in opt.opts if o.startswith("--") and len(o) > 5), None)
+        if name is None or name == "--help":
+            continue
+        typo = name[:-1] + ("x" if name[-1] != "x" else "y")  # --gpus -> --gpux
+        assert main([*path[1:], typo]) == 2, (path, typo)
+        said = capsys.readouterr().err
+        assert f"No such option '{typo}'" in said and "Did you mean" in said, (path, typo, said)
+        assert name in said, (path, typo, said)
+        checked += 1
+    assert checked > 150
+
+
+def test_a_claim_that_ended_is_named_with_when_and_how():
+    from resourced.core.departed import Departed
+
+    departed = Departed(kept=2)
+    departed.note("c1", "released", 1_764_579_600_000_000)
+    departed.note("c2", "forced", 1_764_579_600_000_000)
+    assert departed.refusal("c1").message == "claim c1 ended 2025-12-01T09:00:00+00:00 (released)"
+    departed.note("c3", "expired", 0)
+    assert "unknown or already released" in departed.refusal("c1").message  # the oldest goes
+    assert "(forced)" in departed.refusal("c2").message

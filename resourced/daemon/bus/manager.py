@@ -332,7 +332,7 @@ class ManagerInterface(Interface):
     @dbus_method()
     @bus_errors
     def GetClaim(self, claim_id: "s") -> "o":
-        return claim_path(self.engine.ledger.get(claim_id).id)
+        return claim_path(self.engine.claim_of(claim_id).id)
 
     @dbus_method()
     @bus_errors
@@ -341,7 +341,7 @@ class ManagerInterface(Interface):
         root). Anyone else needs manage, and is told whose claim it is; reading what a
         claim is (GetClaim, Describe) stays open to all."""
         caller = await self.credentials.caller()
-        claim = self.engine.ledger.get(claim_id)
+        claim = self.engine.claim_of(claim_id)
         if caller.uid in (0, claim.uid):
             return self.view.grant(claim)
         whose = f"{claim_id} is {claim.user or f'uid {claim.uid}'}'s claim"
@@ -614,7 +614,7 @@ class ManagerInterface(Interface):
                        dry_run: bool = False) -> list[str]:
         """The claim's user (or root) may release it; anyone else needs release-other."""
         caller = await self.credentials.caller()
-        claim = self.engine.ledger.get(claim_id)
+        claim = self.engine.claim_of(claim_id)
         admin = caller.uid not in (0, claim.uid)
         if admin:
             await self.authority.check(current_call.get(), caller.uid, RELEASE_OTHER, {

@@ -39,6 +39,7 @@ from resourced.core.claims import (
     default_session,
 )
 from resourced.core.clock import Clock, utc_text, wall_clock
+from resourced.core.departed import Departed
 from resourced.core.inventory import Gpu
 from resourced.core.ledger import (
     ClaimGranted,
@@ -135,6 +136,7 @@ class Engine:
         self.pools = pools
         self.slurm = slurm
         self.clock = clock
+        self.departed = Departed()
         self._serving: asyncio.Task | None = None  # a queue walk waiting for fresh evidence
         self.ledger = Ledger([])
         self.calendar = Calendar(self.ledger.timeline, booking_limits(settings))
@@ -377,7 +379,7 @@ class Engine:
 
         Only the claim's user (or root) may, unless ``admin`` (the caller was authorized
         to release other users' claims).  ``dry_run`` makes every check and ends nothing."""
-        claim = self.check_owner(caller, self.ledger.get(claim_id), admin)
+        claim = self.check_owner(caller, self.claim_of(claim_id), admin)
         if claim.state == QUEUED:
             if not dry_run:
                 self.end(claim_id, CANCELLED, caller, reason)
@@ -387,8 +389,8 @@ class Engine:
         warnings, how = [], RELEASED
         evidence = await self.probe.processes()
         self.tracker.saw(evidence)
-        in_use = await self.tracker.processes_on_gpus_of(self.ledger.get(claim_id), evidence)
-        claim = self.check_owner(caller, self.ledger.get(claim_id), admin)  # re-validate
+        in_use = await self.tracker.processes_on_gpus_of(self.claim_of(claim_id), evidence)
+        claim = self.check_owner(caller, self.claim_of(claim_id), admin)  # re-validate
         if not evidence.known:
             warnings.append(f"released without checking the GPUs: {evidence.reason}")
         elif in_use and not force:
@@ -512,7 +514,7 @@ class Engine:
     async def confine(self, caller: Caller, claim_id: str, pid: int) -> str:
         """Run the caller's process ``pid`` in the claim's scope, where it can open the
         claim's GPUs and no others; the scope's unit name.  The scope ends with the claim."""
-        claim = self.check_owner(caller, self.ledger.get(claim_id))
+        claim = self.check_owner(caller, self.claim_of(claim_id))
         if self.scopes is None:
             raise InvalidRequest(UNAVAILABLE_ON_USER_BUS)
         if not claim.isolated:
@@ -529,6 +531,13 @@ class Engine:
             raise NoSuchClaim(f"claim {claim_id} ended meanwhile")
         return unit
 
+    def claim_of(self, claim_id: str) -> Claim:
+        """A live claim; for one that ended, NoSuchClaim says when and how."""
+        try:
+            return self.ledger.get(claim_id)
+        except NoSuchClaim:
+            raise self.departed.refusal(claim_id) from None
+
     @staticmethod
     def check_owner(caller: Caller, claim: Claim, admin: bool = False) -> Claim:
         if not admin and caller.uid not in (0, claim.uid):
@@ -536,7 +545,7 @@ class Engine:
         return claim
 
     def end(self, claim_id: str, how: str, caller: Caller | None, reason: str) -> None:
-        claim = self.ledger.get(claim_id)
+        claim = self.claim_of(claim_id)
         events = self.ledger.release(claim_id, how, busy=None)
         if reason or how == FORCED:
             who = f"uid {caller.uid}" if caller else "resourced"
@@ -567,6 +576,7 @@ class Engine:
             return
         for event in events:
             if isinstance(event, ClaimReleased):
+                self.departed.note(event.claim.id, event.reason, self.clock())
                 self.tracker.forget(event.claim)
                 self.history.keep_hold(event.claim)
                 if event.claim.isolated and self.scopes is not None:
