@@ -75,13 +75,14 @@ def context(c) -> dict:
     upcoming = {n: next(iter(c.slots(NEXT_FOR, count=1, gpus=n)), None)
                 for n in {1, gpus} if 0 < n <= gpus}
     uid = os.getuid()
+    owner = lasting_owner()
     claims = [k for k in state["claims"] if k["uid"] == uid]
     free_gpus = [g["alias"] for g in state["gpus"] if g["state"] == "free"]
     return {
         "schema": SCHEMA,
         "now": iso_utc(now),
         "me": {"uid": uid, "user": user_name(uid), "pid": os.getpid(),
-               "parent_pid": os.getppid(), "session": my_session()},
+               "parent_pid": os.getppid(), "owner_pid": owner, "session": my_session()},
         "daemon": {"version": state["version"], "mode": state["mode"], "bus": c.bus,
                    "backend": state["backend"]},
         "holding": {
@@ -105,14 +106,38 @@ def context(c) -> dict:
         "limits": state.get("limits", {}),
         "commands": {
             "run": "gpuctl run --gpus 1 [--for 2h] [--wait] -- COMMAND",
-            "claim": f"gpuctl claim --gpus 1 --owner-pid {os.getppid()} --task-name WHAT",
+            "claim": f"gpuctl claim --gpus 1 --owner-pid {owner or 'PID'} --task-name WHAT",
             "use_claim": "gpuctl run --allocation REF -- COMMAND",
-            "release": "gpuctl release --allocation REF",
+            "release": "gpuctl release REF",
             "book": "gpuctl book --gpus 1 --for 1h --at WHEN --op-id ID",
             "stop_my_session": f"gpuctl stop --session {my_session()}",
             "instructions": "gpuctl agent instructions",
         },
     }
+
+
+SHORT_LIVED = frozenset({"sh", "bash", "dash", "zsh", "fish", "ksh", "mksh", "busybox", "env",
+                         "timeout", "nohup", "script", "xargs", "npx", "uv", "uvx"})
+"""Commands an agent's tool runs ``gpuctl`` through, which end with it."""
+
+
+def lasting_owner() -> int | None:
+    """The pid to offer as a claim's owner: the nearest ancestor of ours that is not a
+    shell (or other wrapper) that ends with this command, as an agent's own process is;
+    for a person, their interactive shell (the last of ours before another user's
+    process). None when there is none but init."""
+    from resourced.evidence.processes import parent_and_name, process_uid
+
+    uid, pid, last_ours = os.getuid(), os.getppid(), None
+    for _ in range(64):
+        found = parent_and_name(pid) if pid > 1 else None
+        if found is None or process_uid(pid) != uid:
+            return last_ours
+        parent, name = found
+        if name not in SHORT_LIVED:
+            return pid
+        last_ours, pid = pid, parent
+    return last_ours
 
 
 def next_place(gpus: int, slot: dict | None) -> dict:

@@ -31,9 +31,9 @@ program that ignores it, so follow these rules; every other user relies on them.
    - one command: `gpuctl run --gpus 1 -- python train.py` (add `--for 2h` when you know
      how long; `--vram 20G` for a share of one GPU; `--wait` to queue instead of failing);
    - several commands: `gpuctl claim --gpus 1 --owner-pid PID --task-name WHAT`, where PID
-     is your own long-lived process (the agent's, not a short shell's), then
-     `gpuctl run --allocation REF -- ...` or `eval "$(gpuctl env --allocation REF)"`, and
-     `gpuctl release --allocation REF` as soon as you are done.
+     is your own long-lived process (the agent's, not a short shell's: `gpuctl agent
+     context` offers it as me.owner_pid), then `gpuctl run --allocation REF -- ...` or
+     `eval "$(gpuctl env REF)"`, and `gpuctl release REF` as soon as you are done.
 3. Later: `gpuctl agent recommend --gpus 2 --for 4h --json` gives a command to copy;
    `gpuctl book --gpus 2 --for 4h --at 20:00 --op-id ID` books it.
 4. Writes are retry-safe with an operation id: pass `--op-id` (unique per intent) to book,

@@ -34,6 +34,8 @@ from ._options import (
 )
 from .status import table
 
+SLOT_NOW_USEC = 60_000_000
+"""A slot starting within this of now is offered as --at now."""
 MAX_ROWS = 50
 """Bookings a table shows: a person does not read 5,000 lines; --json has them all."""
 
@@ -443,9 +445,14 @@ def slots(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_na
     if not found:
         click.echo("it fits nowhere within the booking horizon")
         return
+    from resourced.client.bookings import now_usec
+
     asked = _without(sys.argv[sys.argv.index("slots") + 1:], ("--after", "--count"))
+    soon = now_usec() + SLOT_NOW_USEC
     for s in found:
-        command = ["gpuctl", "book", *asked, "--at", iso_utc(s["start_usec"])]
+        # A slot that starts now is booked "now": its instant is past by the time it is pasted.
+        at = "now" if s["start_usec"] <= soon else iso_utc(s["start_usec"])
+        command = ["gpuctl", "book", *asked, "--at", at]
         click.echo(f"{_when(s['start_usec'])} to {_when(s['end_usec'])} on "
                    f"{', '.join(f'gpu{i}' for i in s['gpu_indices']) or 'the pools'}:  "
                    f"{shlex.join(command)}")

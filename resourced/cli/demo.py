@@ -155,8 +155,8 @@ def demo(gpus):
         d.gpuctl("queue")
         d.gpuctl("run", "--allocation", ref, "--", sys.executable, "-c",
                  "import os; print('meanwhile on the claim', os.environ['RESOURCED_ALLOCATION'])")
-        click.echo(f"$ gpuctl release --allocation {ref}")
-        d.gpuctl("release", "--allocation", ref)
+        click.echo(f"$ gpuctl release {ref}")
+        d.gpuctl("release", ref)
         d.finish(waiter, "waiting job")
         d.status()
 

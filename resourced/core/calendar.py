@@ -484,7 +484,7 @@ class Calendar:
         else:
             fit = self.timeline.earliest(demand, duration, now, ignore, allowed, blocked)
             if fit is None:
-                raise NotEnoughCapacity("it never fits: open-ended claims hold what it needs")
+                raise NotEnoughCapacity(f"it never fits{self._never_why(ignore)}")
             start, *placed = fit
             self._check_horizon(start, now)
         whole, share = placed
@@ -501,10 +501,21 @@ class Calendar:
         unblocked = self.timeline.fit(demand, start, request.duration_usec, ignore, allowed)
         why = "falls in a blackout" if unblocked is not None else "does not fit then"
         if nearest is None:
-            return f"{_describe(demand)} {why}, and never fits"
+            return f"{_describe(demand)} {why}, and never fits{self._never_why(ignore)}"
         where = ", ".join(self.labels.get(u, u) for u in _gpus(*nearest[1:])) or "the pools"
         return (f"{_describe(demand)} {why}; the nearest start that fits: {utc_text(nearest[0])} "
                 f"on {where}")
+
+    def _never_why(self, ignore) -> str:
+        """What keeps a request from ever fitting: the claims without an end (a booking
+        always has one), and what would change it."""
+        open_ended = sorted(h.id for h in self.timeline.holds.values()
+                            if h.end is None and h.id not in ignore)
+        if not open_ended:
+            return ""
+        shown = ", ".join(open_ended[:5]) + (" ..." if len(open_ended) > 5 else "")
+        return (f": claims without an end hold what it needs ({shown}); it fits once they "
+                "are released (gpuctl release REF) or made with --for")
 
     def _check_request(self, request: BookingRequest) -> None:
         """What makes a request impossible whenever it is: too long, more than there is."""

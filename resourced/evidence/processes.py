@@ -107,6 +107,16 @@ def is_alive(ref: ProcessRef) -> bool:
     return fields[0] not in ("Z", "X") and int(fields[19]) == ref.start_time
 
 
+def parent_and_name(pid: int) -> tuple[int, str] | None:
+    """The parent pid and command name of a live process, or None."""
+    try:
+        data = _read(f"{PROC}/{pid}/stat")
+    except OSError:
+        return None
+    name = data[data.index(b"(") + 1:data.rindex(b")")].decode(errors="replace")
+    return int(data[data.rindex(b")") + 2:].split()[1]), name
+
+
 def process_uid(pid: int) -> int | None:
     """The real uid of a process (the ``Uid:`` line of its status), or None if it is gone."""
     try:

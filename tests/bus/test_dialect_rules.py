@@ -139,3 +139,37 @@ def test_logs_of_a_ref_without_a_command_lists_those_with_one(clocked_daemon, tm
     ref = gpuctl("book", "1", "1h", "--at", "+1h", "--", "true", env=state).stdout.strip()
     r = gpuctl("logs", "nosuch", env=state)
     assert r.returncode == 6 and f"no command for nosuch (those with one: {ref};" in r.stderr
+
+
+# --- rule 7: what the product suggests works when pasted -----------------------------------
+
+
+def test_a_slot_starting_now_is_offered_as_now_and_books_when_pasted(clocked_daemon, clock):
+    import shlex
+
+    clocked_daemon(gpus=1)
+    r = gpuctl("slots", "--gpus", "1", "--for", "10m", "--count", "1")
+    assert r.returncode == 0, r.stderr
+    command = shlex.split(r.stdout.split(":  ", 1)[1])
+    assert command[-2:] == ["--at", "now"]
+    clock.set("2026-12-01T09:00:03Z")  # pasted a moment later: 09:00:00 has passed
+    made = gpuctl(*command[1:])
+    assert made.returncode == 0, made.stderr
+
+
+def test_agent_context_offers_an_owner_that_outlives_the_shell_it_ran_in(daemon):
+    """An agent's tool runs gpuctl through `sh -c`, which is gone when the agent pastes
+    the command: the owner offered is the agent's own process (here, this test's)."""
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run(["sh", "-c", f"{sys.executable} -m resourced.cli agent context --json"],
+                       capture_output=True, text=True, timeout=30, check=False)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["me"]["owner_pid"] == os.getpid()
+    assert f"--owner-pid {os.getpid()} " in data["commands"]["claim"]
+    claimed = gpuctl(*data["commands"]["claim"].split()[1:-2], "--task-name", "pasted")
+    assert claimed.returncode == 0, claimed.stderr
+    assert gpuctl("release", claimed.stdout.strip()).returncode == 0

@@ -215,14 +215,18 @@ def test_no_booking_is_admitted_over_an_open_ended_claims_gpu():
     grant(ledger, claim_request(gpus=1), "c1")  # GPU-00, for good
     with pytest.raises(NotEnoughCapacity):
         book(cal, booking_request(gpus=1, at=H, named=(uuid(0),)), "b1")
-    with pytest.raises(NotEnoughCapacity, match="never fits"):
+    with pytest.raises(NotEnoughCapacity, match=r"never fits: claims without an end hold what "
+                                                 r"it needs \(c1\); it fits once they are "
+                                                 r"released \(gpuctl release REF\)"):
         book(cal, booking_request(gpus=1, named=(uuid(0),)), "b1")  # not ever
     by_count = book(cal, booking_request(gpus=1, at=H), "b2")
     assert by_count.gpus == (uuid(1),)
     with pytest.raises(NotEnoughCapacity):
         book(cal, booking_request(gpus=2, at=2 * H), "b3")
-    with pytest.raises(NotEnoughCapacity, match="never fits"):
+    with pytest.raises(NotEnoughCapacity, match=r"never fits: .*\(c1\)"):
         book(cal, booking_request(gpus=2), "b3")
+    with pytest.raises(NotEnoughCapacity, match=r"does not fit then, and never fits: .*\(c1\)"):
+        book(cal, booking_request(gpus=2, at=H), "b3")
     assert set(cal.bookings) == {"b2"}
     assert ledger.claims["c1"].until_usec == 0
     check(ledger, cal)
