@@ -227,6 +227,24 @@ def _count_and_duration(words: tuple, gpus, duration, form: str) -> tuple:
     return count, duration
 
 
+def _say_grace(booking: dict) -> None:
+    """Where the runner's grace is cut to a quarter of this booking, say so at once."""
+    from resourced.exits import GpuctlError
+    from resourced.protocol.when import format_span
+    from resourced.runner.jobs import grace_for
+    from resourced.runner.service import configured_grace
+
+    try:
+        grace = int(configured_grace() * 1e6)
+    except GpuctlError:  # the runner will say what is wrong with the file
+        return
+    capped = grace_for(booking, grace)
+    if capped < grace:
+        click.echo(f"gpuctl: the runner's grace ({format_span(grace / 1e6)}) is more than a "
+                   f"quarter of this booking: its command gets SIGTERM "
+                   f"{format_span(capped / 1e6)} before the end", err=True)
+
+
 def _keep_command(c, booking: dict, command: list[str]) -> dict:
     """Write the booking's job file (private: the owner's state directory), report the job
     pending, and warn when no runner is there to start it; the booking's record then."""
@@ -259,6 +277,7 @@ def _keep_command(c, booking: dict, command: list[str]) -> dict:
         booking = c.report_job(ref, "pending")
     except ResourcedError as exc:  # the runner reports it when it sees the job
         click.echo(f"gpuctl: warning: cannot report the job as pending: {exc}", err=True)
+    _say_grace(booking)
     if not runner_is_running(directory):
         click.echo("gpuctl: warning: no runner is running to start the command: run "
                    "`gpuctl runner`, or enable it: systemctl --user enable --now "

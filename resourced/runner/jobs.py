@@ -335,12 +335,22 @@ class StopStep:
     stopping: str
 
 
+GRACE_SHARE = 4
+"""The grace before a booking's end is at most a quarter of the booking: a 30 s grace would
+stop the command of a 20 s booking at once."""
+
+
+def grace_for(booking: dict, grace_usec: int) -> int:
+    """The grace before this booking's end: the runner's, capped at a part of its length."""
+    return min(grace_usec, (booking["end_usec"] - booking["start_usec"]) // GRACE_SHARE)
+
+
 def stop_step(booking: dict | None, now_usec: int, grace_usec: int, sent: int | None,
               stopping: str, grace_over: bool) -> StopStep:
     """For a running job: ``sent`` is the last signal sent to its group (None, SIGTERM or
     SIGKILL), ``grace_over`` whether the grace has passed since a SIGTERM for a
-    cancellation.  SIGTERM ``grace_usec`` before the booking's end, SIGKILL at it
-    (timed-out); a booking cancelled, released or gone: SIGTERM now, SIGKILL after the
+    cancellation.  SIGTERM ``grace_usec`` (at most a quarter of the booking: ``grace_for``)
+    before the booking's end, SIGKILL at it (timed-out); a booking cancelled, released or gone: SIGTERM now, SIGKILL after the
     grace (cancelled)."""
     ended = booking is None or booking["state"] == "ended"
     if ended and (booking is None or booking.get("ended") != "expired"):
@@ -353,7 +363,7 @@ def stop_step(booking: dict | None, now_usec: int, grace_usec: int, sent: int | 
     end = booking["end_usec"]
     if ended or now_usec >= end:
         return StopStep(None if sent == signal.SIGKILL else signal.SIGKILL, stopping or TIMED_OUT)
-    if now_usec >= end - grace_usec:
+    if now_usec >= end - grace_for(booking, grace_usec):
         return StopStep(None if sent is not None else signal.SIGTERM, stopping or TIMED_OUT)
     return StopStep(None, stopping)
 

@@ -173,3 +173,17 @@ def test_agent_context_offers_an_owner_that_outlives_the_shell_it_ran_in(daemon)
     claimed = gpuctl(*data["commands"]["claim"].split()[1:-2], "--task-name", "pasted")
     assert claimed.returncode == 0, claimed.stderr
     assert gpuctl("release", claimed.stdout.strip()).returncode == 0
+
+
+# --- rule 9: short bookings ----------------------------------------------------------------
+
+
+def test_book_says_when_the_runners_grace_is_cut_for_a_short_booking(clocked_daemon, tmp_path):
+    clocked_daemon(gpus=1)
+    state = {"XDG_STATE_HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
+    r = gpuctl("book", "1", "20s", "--", "sleep", "5", env=state)
+    assert r.returncode == 0, r.stderr
+    assert "the runner's grace (30s) is more than a quarter of this booking: its command " \
+           "gets SIGTERM 5s before the end" in r.stderr
+    r = gpuctl("book", "1", "1h", "--at", "+1h", "--", "true", env=state)
+    assert "grace" not in r.stderr

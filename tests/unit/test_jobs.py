@@ -238,6 +238,15 @@ def test_sigterm_the_grace_before_the_end_then_sigkill_at_it():
         jobs.StopStep(None, TIMED_OUT)
 
 
+def test_the_grace_of_a_short_booking_is_a_quarter_of_it():
+    """A 30 s grace stopped the command of a 20 s booking at once (timed out, 143)."""
+    short = booking(end=T0 + 20 * SEC)
+    assert jobs.grace_for(short, GRACE) == 5 * SEC
+    assert jobs.stop_step(short, T0 + 5 * SEC, GRACE, None, "", False) == jobs.StopStep(None, "")
+    assert jobs.stop_step(short, T0 + 15 * SEC, GRACE, None, "", False).signal == signal.SIGTERM
+    assert jobs.grace_for(booking(), GRACE) == GRACE  # an hour's booking: the grace as set
+
+
 def test_an_extended_booking_moves_the_signals():
     later = booking(end=END + 3600 * SEC)
     assert jobs.stop_step(later, END - GRACE, GRACE, None, "", False) == jobs.StopStep(None, "")
