@@ -32,7 +32,7 @@ from ._options import (
     window_hours,
     window_options,
 )
-from .status import table
+from .status import in_units, table
 
 SLOT_NOW_USEC = 60_000_000
 """A slot starting within this of now is offered as --at now."""
@@ -311,6 +311,8 @@ def bookings(refs, all_users, since, bus, as_json):
     with client(bus) as c:
         found = c.bookings(all_users=all_users, since=None if since is None else since / 1e6,
                            limit=None if as_json else MAX_ROWS + 1)
+        units = {p["name"]: p["unit"] for p in c.status()["pools"]} \
+            if not as_json and any(b["pools"] for b in found) else {}
     if as_json:
         emit_json([with_times(b) for b in found])
         return
@@ -322,7 +324,7 @@ def bookings(refs, all_users, since, bus, as_json):
              "NOTE")]
     for b in found[:MAX_ROWS]:
         rows.append((b["id"], b["user"], b["state"], _when(b["start_usec"]), _when(b["end_usec"]),
-                     ",".join(f"gpu{i}" for i in b["gpu_indices"]) or "-", _wants(b),
+                     ",".join(f"gpu{i}" for i in b["gpu_indices"]) or "-", _wants(b, units),
                      *((_job(b),) if jobs else ()), _note(b)))
     lines = table(rows)
     if len(found) > MAX_ROWS:
@@ -659,13 +661,15 @@ def _when(usec: int) -> str:
     return local_text(usec)
 
 
-def _wants(b: dict) -> str:
+def _wants(b: dict, units: dict[str, str]) -> str:
+    """What a booking asks for, amounts as a person reads them (``ram 4G``, not bytes)."""
     from resourced.protocol.amounts import format_bytes
 
     parts = [f"{b['gpus']} GPU(s)"] if b["gpus"] else []
     if b["vram_bytes"]:
         parts.append(f"VRAM {format_bytes(b['vram_bytes'])}" + (" excl." if b["exclusive"] else ""))
-    parts += [f"{name} {amount}" for name, amount in b["pools"].items()]
+    parts += [f"{name} {in_units(amount, units.get(name, 'count'))}"
+              for name, amount in b["pools"].items()]
     return ", ".join(parts)
 
 

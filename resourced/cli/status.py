@@ -75,14 +75,14 @@ def render_status(data: dict, now: float) -> str:
     units = {p["name"]: p["unit"] for p in data["pools"]}
     pool_rows = [("POOL", "CAPACITY", "USED", "FREE", "HELD BY")]
     for p in data["pools"]:
-        holders = [f"{c['id']} ({c['user']}: {_show(c['pools'][p['name']], p['unit'])})"
+        holders = [f"{c['id']} ({c['user']}: {in_units(c['pools'][p['name']], p['unit'])})"
                    for c in data["claims"] if c["state"] == "granted" and p["name"] in c["pools"]]
         shown = ", ".join(holders[:MAX_HOLDERS]) or "-"
         if len(holders) > MAX_HOLDERS:
             shown += f" and {len(holders) - MAX_HOLDERS} more"
-        pool_rows.append((p["name"], _show(p["capacity"], p["unit"]),
-                          _show(p["capacity"] - p["free"], p["unit"]), _show(p["free"], p["unit"]),
-                          shown))
+        pool_rows.append((p["name"], in_units(p["capacity"], p["unit"]),
+                          in_units(p["capacity"] - p["free"], p["unit"]),
+                          in_units(p["free"], p["unit"]), shown))
     lines += ["", *table(pool_rows)]
     if data["queue"]:
         lines += ["", *render_queue(data, now, units, most=MAX_WAITERS)]
@@ -103,7 +103,7 @@ def _bytes(n: int) -> str:
     return format_bytes(n)
 
 
-def _show(amount: int, unit: str) -> str:
+def in_units(amount: int, unit: str) -> str:
     return _bytes(amount) if unit == "bytes" else str(amount)
 
 
@@ -112,7 +112,7 @@ def wanted(c: dict, units: dict[str, str]) -> str:
     parts = [f"{c['gpus_requested']} GPU(s)"] if c["gpus_requested"] else []
     if c["vram_bytes"]:
         parts.append(f"VRAM {_bytes(c['vram_bytes'])}")
-    parts += [f"{name} {_show(amount, units.get(name, 'count'))}" for name, amount in c["pools"].items()]
+    parts += [f"{name} {in_units(amount, units.get(name, 'count'))}" for name, amount in c["pools"].items()]
     return ", ".join(parts)
 
 

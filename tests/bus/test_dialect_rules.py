@@ -187,3 +187,16 @@ def test_book_says_when_the_runners_grace_is_cut_for_a_short_booking(clocked_dae
            "gets SIGTERM 5s before the end" in r.stderr
     r = gpuctl("book", "1", "1h", "--at", "+1h", "--", "true", env=state)
     assert "grace" not in r.stderr
+
+
+# --- rule 5: amounts and times as a person reads them --------------------------------------
+
+
+def test_amounts_are_shown_with_their_unit_in_tables_and_refusals(clocked_daemon, owner):
+    clocked_daemon(gpus=1)
+    assert gpuctl("book", "1", "1h", "--at", "+1h", "--ram", "4G").returncode == 0
+    table = gpuctl("bookings").stdout
+    assert "ram 4G" in table and "4294967296" not in table
+    r = gpuctl("claim", "--ram", "100T", "--owner-pid", str(owner.pid))
+    assert r.returncode == 3, r.stderr
+    assert not any(len(word) > 9 and word.isdigit() for word in r.stderr.split()), r.stderr
