@@ -94,6 +94,14 @@ class _Demo:
     def status(self) -> None:
         self.gpuctl("status")
 
+    def shell(self) -> int:
+        """A shell on the private bus and daemon (gpuctl finds them as the session bus)."""
+        command = os.environ.get("SHELL") or "/bin/sh"
+        click.echo(f"\nA shell on the private bus ({command}); gpuctl and the Python client "
+                   "use it. Type exit to stop the daemon and the bus.")
+        env = {**self.env, "RESOURCED_BUS": "session"}
+        return subprocess.run([command], env=env, check=False).returncode
+
     def close(self) -> None:
         if self.daemon and self.daemon.poll() is None:
             self.daemon.terminate()
@@ -103,20 +111,28 @@ class _Demo:
 
 
 @click.command()
-@click.option("--gpus", default=4, show_default=True, help="How many simulated GPUs.")
-def demo(gpus):
+@click.option("--gpus", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="How many simulated GPUs.")
+@click.option("--shell", "shell", is_flag=True,
+              help="Instead of the script, a shell ($SHELL) on the private bus and daemon, "
+              "where every README example can be typed; both stop when it exits.")
+def demo(gpus, shell):
     """Show resourced at work on simulated GPUs, on a private bus (safe on a busy machine).
 
     Exits 1, naming the step, when a command it runs fails where the script expects no
-    failure.
+    failure. With --shell, the shell's exit code.
 
     Example: gpuctl demo
+
+    Example: gpuctl demo --shell
     """
     d = _Demo(gpus)
     try:
         d.say(f"Starting a private bus and a resourced daemon on {gpus} simulated GPUs")
         d.start_daemon()
         d.status()
+        if shell:
+            return d.shell()
 
         d.say("A development claim: 1 GPU kept for this demo's process until released")
         ref = d.gpuctl("claim", "--gpus", "1", "--owner-pid", str(os.getpid()),

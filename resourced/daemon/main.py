@@ -29,7 +29,7 @@ from resourced.evidence.processes import boot_id
 from resourced.isolation.scopes import Scopes
 from resourced.linux.sd import notify, reloading, run_watchdog, setup_logging, watchdog_interval
 from resourced.linux.users import user_name
-from resourced.protocol.names import BUS_DRIVER, BUS_NAME
+from resourced.protocol.names import BUS_DRIVER, BUS_NAME, NO_SESSION_BUS, session_bus_missing
 
 from . import memory
 from .bus.caller import remember_call
@@ -103,14 +103,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def runtime_dir(mode: str, configured: str, environ=os.environ) -> Path:
-    """Where live claims are kept: $RESOURCED_RUNTIME_DIR, the config's, else per mode."""
+def runtime_dir(mode: str, configured: str, environ=os.environ, shared: str | None = None
+                ) -> Path:
+    """Where live claims are kept: $RESOURCED_RUNTIME_DIR, the config's, else per mode; a
+    shared bus's host reached through su or sudo -u has no $XDG_RUNTIME_DIR, and keeps
+    them in DIR/runtime instead."""
     if environ.get("RESOURCED_RUNTIME_DIR"):
         return Path(environ["RESOURCED_RUNTIME_DIR"])
     if configured:
         return Path(configured)
     if mode == "system":
         return Path("/run/resourced")
+    if mode == "shared" and shared and not environ.get("XDG_RUNTIME_DIR"):
+        return Path(shared) / "runtime"
     if not environ.get("XDG_RUNTIME_DIR"):
         raise StartupError("XDG_RUNTIME_DIR is not set: log in through a session manager, or "
                            "set RESOURCED_RUNTIME_DIR", EXIT_USAGE)
@@ -236,6 +241,8 @@ async def connect(args: argparse.Namespace, shared: SharedBus | None,
             bus_type = BusType.SYSTEM if args.mode == "system" else BusType.SESSION
             bus = await DaemonBus(bus_type=bus_type).connect()
     except (OSError, ValueError) as exc:
+        if args.mode == "session" and not shared and session_bus_missing():
+            raise StartupError(f"{NO_SESSION_BUS}; then: resourced --session") from exc
         raise StartupError(f"cannot connect to the {args.mode} bus: {exc}") from exc
     bus.add_message_handler(remember_call)
     bus.add_message_handler(_name_lost_watcher(stop))
@@ -309,7 +316,7 @@ async def serve(args: argparse.Namespace) -> int:
         if args.replace:
             await take_name(bus, args.mode, replace=True)
         try:
-            runtime = runtime_dir(args.mode, config.daemon.runtime_dir)
+            runtime = runtime_dir(args.mode, config.daemon.runtime_dir, shared=args.shared)
             store = await open_store(lambda: ClaimStore(runtime, boot_id()),
                                      REPLACE_WAIT if args.replace else 0)
         except StoreBusy as exc:

@@ -65,3 +65,18 @@ SHARED_SOCKET = "bus"
 def shared_bus_address(directory) -> str:
     """The D-Bus address of the shared bus in ``directory``."""
     return f"unix:path={os.path.join(directory, SHARED_SOCKET)}"
+
+
+NO_SESSION_BUS = ("there is no session bus here ($DBUS_SESSION_BUS_ADDRESS is not set, and no "
+                  "$XDG_RUNTIME_DIR/bus): log in with a user session (systemd --user gives "
+                  "one), or start one for a shell: dbus-run-session -- bash")
+"""What to say where the session bus is wanted and there is none, instead of the bus
+library's text."""
+
+
+def session_bus_missing(environ=os.environ) -> bool:
+    """True when no session bus can be found the way the bus libraries look for one."""
+    if environ.get("DBUS_SESSION_BUS_ADDRESS"):
+        return False
+    runtime = environ.get("XDG_RUNTIME_DIR")
+    return not (runtime and os.path.exists(os.path.join(runtime, "bus")))

@@ -200,3 +200,36 @@ def test_amounts_are_shown_with_their_unit_in_tables_and_refusals(clocked_daemon
     r = gpuctl("claim", "--ram", "100T", "--owner-pid", str(owner.pid))
     assert r.returncode == 3, r.stderr
     assert not any(len(word) > 9 and word.isdigit() for word in r.stderr.split()), r.stderr
+
+
+# --- rule 8: trying it outside the demo ----------------------------------------------------
+
+
+def test_the_demo_shell_is_on_a_private_bus_where_examples_can_be_typed(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = "gpuctl free\ngpuctl book 1 30m --json >/dev/null && echo booked\nexit 3\n"
+    bin_dir = os.path.dirname(sys.executable)
+    r = subprocess.run([sys.executable, "-m", "resourced.cli", "demo", "--shell"], input=script,
+                       capture_output=True, text=True, timeout=60, check=False,
+                       env={**os.environ, "SHELL": "/bin/sh",
+                            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+                            "XDG_STATE_HOME": str(tmp_path)})
+    assert r.returncode == 3, r.stderr  # the shell's own exit code
+    lines = r.stdout.splitlines()
+    assert "4" in lines and "booked" in lines, r.stdout
+
+
+def test_with_no_session_bus_the_daemon_says_how_to_get_one():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DBUS_SESSION_BUS_ADDRESS", "XDG_RUNTIME_DIR")}
+    r = subprocess.run([sys.executable, "-m", "resourced.daemon", "--session"], env=env,
+                       capture_output=True, text=True, timeout=30, check=False)
+    assert r.returncode != 0
+    assert "there is no session bus here" in r.stderr and "dbus-run-session -- bash" in r.stderr

@@ -2,6 +2,7 @@
 MCP tool and every configuration key, so that a new one cannot break a rule silently."""
 
 import asyncio
+from pathlib import Path
 
 import click
 import pytest
@@ -246,7 +247,7 @@ def test_every_bus_option_may_come_before_the_subcommand():
 def test_slurm_short_options_mean_what_they_mean_in_slurm():
     """-G is --gpus and -t is --for (Slurm's --time) wherever the long option is."""
     for path, opt in options():
-        if "--gpus" in opt.opts and isinstance(opt.type, click.IntRange):
+        if "--gpus" in opt.opts and path[1] != "demo":  # (demo's: how many simulated)
             assert "-G" in opt.opts, " ".join(path)
         if "--for" in opt.opts:
             assert "-t" in opt.opts, " ".join(path)
@@ -316,3 +317,28 @@ def test_a_claim_that_ended_is_named_with_when_and_how():
     departed.note("c3", "expired", 0)
     assert "unknown or already released" in departed.refusal("c1").message  # the oldest goes
     assert "(forced)" in departed.refusal("c2").message
+
+
+# --- rule 8: trying it outside the demo ----------------------------------------------------
+
+
+def test_a_shared_bus_host_without_a_runtime_directory_keeps_its_files_in_dir(tmp_path):
+    from resourced.daemon.main import StartupError, runtime_dir
+
+    assert runtime_dir("shared", "", {}, shared=str(tmp_path)) == tmp_path / "runtime"
+    assert runtime_dir("shared", "", {"XDG_RUNTIME_DIR": "/run/user/5"},
+                       shared=str(tmp_path)) == Path("/run/user/5/resourced")
+    with pytest.raises(StartupError, match="XDG_RUNTIME_DIR is not set"):
+        runtime_dir("session", "", {})
+
+
+def test_dev_demo_looks_only_for_what_the_demo_needs():
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    script = (root / "scripts" / "system-deps.sh").read_text()
+    demo_part = script[script.index('if [ "${1:-}" = demo ]'):script.index('system=""')]
+    assert "slurm" not in demo_part and "dunst" not in demo_part
+    dev = (root / "dev").read_text()
+    assert 'demo) setup demo;' in dev and 'test) setup test;' in dev
+    assert subprocess.run(["sh", "-n", str(root / "dev")], check=False).returncode == 0
