@@ -62,6 +62,12 @@ class GpuctlError(Exception):
         self.exit_code = exit_code
 
 
+EXIT_NAMES = {EXIT_FAILURE: "Failed", EXIT_NO_SYSTEMD: "NoSystemd",
+              EXIT_CHECK_FAILED: "CheckFailed", EXIT_INTERRUPTED: "Interrupted",
+              **{code: cls.code for cls, code in reversed(EXIT_CODES.items())}}
+"""The code a JSON error names for each exit code (the first error class that has it)."""
+
+
 def exit_code_for(exc: Exception) -> int | None:
     """The exit code for a resourced error, or None for anything else."""
     if isinstance(exc, ResourcedError):

@@ -9,7 +9,13 @@ import importlib
 import click
 
 from resourced import __version__
-from resourced.exits import EXIT_INTERRUPTED, EXIT_USAGE, GpuctlError, exit_code_for
+from resourced.exits import (
+    EXIT_INTERRUPTED,
+    EXIT_NAMES,
+    EXIT_USAGE,
+    GpuctlError,
+    exit_code_for,
+)
 
 from ._options import BUSES, said
 
@@ -126,28 +132,39 @@ def _after(rv, color, bus):
 
 
 def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    as_json = "--json" in (args[:args.index("--")] if "--" in args else args)
+
+    def failed(message: str, exit_code: int, code: str | None = None) -> int:
+        """``gpuctl: <message>`` on stderr and, with --json, as the result would have been,
+        a JSON object on stdout: {"error": {code, message, exit_code}}."""
+        click.echo(f"gpuctl: {message}", err=True)
+        if as_json:
+            import json
+
+            click.echo(json.dumps({"error": {
+                "code": code or EXIT_NAMES.get(exit_code, "Failed"), "message": message,
+                "exit_code": exit_code}}, sort_keys=True))
+        return exit_code
+
     try:
         rv = cli.main(args=argv, prog_name="gpuctl", standalone_mode=False)
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.Abort:
-        click.echo("gpuctl: interrupted", err=True)
-        return EXIT_INTERRUPTED
+        return failed("interrupted", EXIT_INTERRUPTED)
     except click.UsageError as exc:
         hint = f" (see: {exc.ctx.command_path} --help)" if exc.ctx else ""
-        click.echo(f"gpuctl: {exc.format_message()}{hint}", err=True)
-        return EXIT_USAGE
+        return failed(f"{exc.format_message()}{hint}", EXIT_USAGE)
     except GpuctlError as exc:
-        click.echo(f"gpuctl: {said(exc)}", err=True)
-        return exc.exit_code
+        return failed(said(exc), exc.exit_code)
     except click.ClickException as exc:
-        click.echo(f"gpuctl: {exc.format_message()}", err=True)
-        return exc.exit_code
+        return failed(exc.format_message(), exc.exit_code)
     except Exception as exc:
         code = exit_code_for(exc)
         if code is None:
             raise
-        click.echo(f"gpuctl: {said(exc)}", err=True)
-        return code
+        return failed(said(exc), code, exc.code)
     return rv if isinstance(rv, int) else 0
-

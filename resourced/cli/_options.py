@@ -21,7 +21,9 @@ def bus_option(fn):
 
 
 def json_option(fn):
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(fn)
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print JSON instead of text (a failure too: code, message, "
+                        "exit_code).")(fn)
 
 
 dry_run_option = click.option(

@@ -342,3 +342,25 @@ def test_dev_demo_looks_only_for_what_the_demo_needs():
     dev = (root / "dev").read_text()
     assert 'demo) setup demo;' in dev and 'test) setup test;' in dev
     assert subprocess.run(["sh", "-n", str(root / "dev")], check=False).returncode == 0
+
+
+# --- rule 4: one JSON contract (errors) ----------------------------------------------------
+
+
+def test_every_json_command_fails_in_json_too(capsys):
+    """Under --json a failure is a JSON object on stdout, as the result would have been
+    (and the line on stderr, for a person)."""
+    import json
+
+    from resourced.cli import main
+
+    jsons = [(path, command) for path, command in commands()
+             if any("--json" in p.opts for p in command.params if isinstance(p, click.Option))]
+    assert len(jsons) >= 30
+    for path, _ in jsons:
+        assert main([*path[1:], "--json", "--no-such-option"]) == 2, path
+        out, err = capsys.readouterr()
+        error = json.loads(out)["error"]
+        assert error == {"code": "InvalidArgs", "exit_code": 2, "message": error["message"]}
+        assert "No such option '--no-such-option'" in error["message"]
+        assert err.startswith("gpuctl: No such option"), path
