@@ -57,9 +57,10 @@ EXIT_CODES: dict[type[ResourcedError], int] = {
 class GpuctlError(Exception):
     """An error of gpuctl itself (not the daemon's), with its exit code."""
 
-    def __init__(self, message: str, exit_code: int = EXIT_FAILURE):
+    def __init__(self, message: str, exit_code: int = EXIT_FAILURE, printed_json: bool = False):
         super().__init__(message)
         self.exit_code = exit_code
+        self.printed_json = printed_json  # its --json answer is printed already
 
 
 EXIT_NAMES = {EXIT_FAILURE: "Failed", EXIT_NO_SYSTEMD: "NoSystemd",

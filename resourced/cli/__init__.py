@@ -137,11 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     as_json = "--json" in (args[:args.index("--")] if "--" in args else args)
 
-    def failed(message: str, exit_code: int, code: str | None = None) -> int:
+    def failed(message: str, exit_code: int, code: str | None = None, json_too=True) -> int:
         """``gpuctl: <message>`` on stderr and, with --json, as the result would have been,
         a JSON object on stdout: {"error": {code, message, exit_code}}."""
         click.echo(f"gpuctl: {message}", err=True)
-        if as_json:
+        if as_json and json_too:
             import json
 
             click.echo(json.dumps({"error": {
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         hint = f" (see: {exc.ctx.command_path} --help)" if exc.ctx else ""
         return failed(f"{exc.format_message()}{hint}", EXIT_USAGE)
     except GpuctlError as exc:
-        return failed(said(exc), exc.exit_code)
+        return failed(said(exc), exc.exit_code, json_too=not exc.printed_json)
     except click.ClickException as exc:
         return failed(exc.format_message(), exc.exit_code)
     except Exception as exc:

@@ -41,7 +41,7 @@ def check(file, system, as_json):
         if as_json:
             emit_json({"schema": JSON_SCHEMA, "path": exc.source if path is None else str(path),
                        "ok": False, "error": str(exc), "config": None})
-        raise GpuctlError(str(exc), EXIT_USAGE) from exc
+        raise GpuctlError(str(exc), EXIT_USAGE, printed_json=as_json) from exc
     if as_json:
         emit_json({"schema": JSON_SCHEMA, "path": None if path is None else str(path),
                    "ok": True, "error": None, "config": cfg.as_dict()})
