@@ -148,7 +148,7 @@ def test_our_claims_never_take_slurms_gpus(slurm_daemon):
             c.claim(mode="dev", gpus=1, owner_pid=os.getpid())
         with pytest.raises(NotEnoughGPUs, match="besides the 2 Slurm schedules"):
             c.claim(mode="dev", gpus=3, owner_pid=os.getpid())
-        with pytest.raises(InvalidRequest):
+        with pytest.raises(NotEnoughGPUs):  # as the claim of 3: more than may be used
             c.book(gpus=3, duration=3600, start="+1h")
         # A job on one of ours (the config does not give it to Slurm) is refused.
         with pytest.raises(NotEnoughGPUs, match=r"\[slurm\] gpus"):
