@@ -11,9 +11,11 @@ import functools
 import os
 import time
 
-SCHEMA = 2
+SCHEMA = 3
 """The version of ``agent context --json``: keys are added, never changed, within one.
-2: ``next`` has the fixed keys ``one_gpu`` and ``all_gpus`` (1 named them by shape)."""
+2: ``next`` has the fixed keys ``one_gpu`` and ``all_gpus`` (1 named them by shape).
+3: ``health.checks`` is a list of {name, level}, as in ``status --json`` (2: a dict);
+``me.owner_pid``; ``commands.release`` names the claim as the argument."""
 
 CLAIM_KEYS = ("id", "mode", "state", "gpus", "gpu_indices", "vram_bytes", "pools", "until_usec",
               "until_booking", "task_name", "label", "session")
@@ -101,7 +103,8 @@ def context(c) -> dict:
         "queue": [{key: k[key] for key in QUEUE_KEYS}
                   for ref in state["queue"] for k in state["claims"] if k["id"] == ref],
         "health": {"level": state["health"]["level"],
-                   "checks": {k["name"]: k["level"] for k in state["health"]["checks"]}},
+                   "checks": [{"name": k["name"], "level": k["level"]}
+                              for k in state["health"]["checks"]]},
         "notices": state.get("notices", []),
         "limits": state.get("limits", {}),
         "commands": {

@@ -625,12 +625,12 @@ def timeline(span, hours, width, bus, as_json):
     with client(bus) as c:
         state = c.status()
         found = c.bookings(all_users=True, since=now / 1e6, until=end / 1e6)
-    entries = [{"ref": cl["id"], "user": cl["user"], "gpus": cl["gpu_uuids"],
+    entries = [{"id": cl["id"], "user": cl["user"], "gpus": cl["gpu_uuids"],
                 "start_usec": cl["created_usec"], "end_usec": cl["until_usec"],
                 "kind": "slurm job" if cl["mode"] == "slurm" else "claim",
                 "shared": bool(cl["vram_bytes"])}
                for cl in state["claims"] if cl["state"] == "granted" and cl["mode"] != "booking"]
-    entries += [{"ref": b["id"], "user": b["user"], "gpus": b["gpu_uuids"],
+    entries += [{"id": b["id"], "user": b["user"], "gpus": b["gpu_uuids"],
                  "start_usec": b["start_usec"], "end_usec": b["end_usec"], "kind": "booking",
                  "shared": b["shared"]} for b in found if b["state"] != "ended"]
     if as_json:

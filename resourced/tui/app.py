@@ -463,7 +463,7 @@ class TopScreen(Screen):
         if entry is None:
             self._say("no booking under the cursor (tab goes to the next)", True)
             return
-        ref, by = entry["ref"], self.viewport.length // 1_000_000
+        ref, by = entry["id"], self.viewport.length // 1_000_000
 
         def extend() -> str:
             b = self._call(lambda c: c.extend(ref, by=by))
@@ -476,7 +476,7 @@ class TopScreen(Screen):
         if entry is None:
             self._say("no booking under the cursor (tab goes to the next)", True)
             return
-        ref = entry["ref"]
+        ref = entry["id"]
 
         def cancel() -> str:
             self._call(lambda c: c.cancel(ref))
@@ -544,7 +544,7 @@ def details(entry: dict, labels: dict[str, str]) -> list[tuple[str, str]]:
     """A claim's or booking's record as (field, value) lines."""
     r = entry["record"]
     gpus = ", ".join(labels.get(u, u) for u in r.get("gpu_uuids", [])) or "-"
-    rows = [("reference", entry["ref"]), ("kind", entry["kind"]),
+    rows = [("reference", entry["id"]), ("kind", entry["kind"]),
             ("user", f"{r['user']} (uid {r.get('uid', '?')})")]
     if entry["kind"] == "booking":
         state = r["state"]

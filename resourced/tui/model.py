@@ -187,13 +187,13 @@ def entries_of(status: dict, bookings: list[dict]) -> list[dict]:
     """What holds GPUs over time, as ``gpuctl timeline`` draws it: granted claims (not a
     booking's own claim: the booking stands for it) and bookings not ended; each keeps its
     record (``record``) and its user's uid."""
-    entries = [{"ref": c["id"], "user": c["user"], "uid": c.get("uid", -1),
+    entries = [{"id": c["id"], "user": c["user"], "uid": c.get("uid", -1),
                 "gpus": c["gpu_uuids"], "start_usec": c["created_usec"],
                 "end_usec": c["until_usec"], "kind": "claim", "shared": bool(c["vram_bytes"]),
                 "record": c}
                for c in status.get("claims", [])
                if c["state"] == "granted" and c["mode"] != "booking"]
-    entries += [{"ref": b["id"], "user": b["user"], "uid": b.get("uid", -1),
+    entries += [{"id": b["id"], "user": b["user"], "uid": b.get("uid", -1),
                  "gpus": b["gpu_uuids"], "start_usec": b["start_usec"],
                  "end_usec": b["end_usec"], "kind": "booking", "shared": b["shared"],
                  "record": b}
@@ -250,7 +250,7 @@ def layout(gpus: list[dict], entries: list[dict], start: int, span: int, now: in
     grid = Grid(start, span, cells)
     shown = {g["uuid"] for g in gpus}
     visible = [e for e in entries if shown & set(e["gpus"]) and grid.columns(e) is not None]
-    visible.sort(key=lambda e: (e["start_usec"], str(e["ref"])))
+    visible.sort(key=lambda e: (e["start_usec"], str(e["id"])))
     letters = [LETTERS[i] if i < len(LETTERS) else OVERFLOW for i in range(len(visible))]
     spans = [grid.columns(e) for e in visible]
     holders = []
@@ -293,7 +293,7 @@ def next_entry(entries: list[dict], gpus: list[dict], after: int, now: int,
     after ``after`` (before it, for ``direction`` < 0), wrapping around; with the row of
     its first shown GPU."""
     rows = {g["uuid"]: i for i, g in enumerate(gpus)}
-    placed = sorted(((max(e["start_usec"], now), str(e["ref"])), e) for e in entries
+    placed = sorted(((max(e["start_usec"], now), str(e["id"])), e) for e in entries
                     if any(u in rows for u in e["gpus"]))
     if not placed:
         return None

@@ -54,7 +54,7 @@ def render_timeline(gpus: list[dict], entries: list[dict], now_usec: int, hours:
     """The timeline from now to now + ``hours``, at most ``width`` characters a line.
 
     ``gpus`` are ``{"index", "uuid", "label"}`` in display order; ``entries`` are
-    ``{"ref", "user", "gpus", "start_usec", "end_usec", "kind", "shared"}``.  Times are
+    ``{"id", "user", "gpus", "start_usec", "end_usec", "kind", "shared"}``.  Times are
     microseconds since the epoch, shown in ``tz`` (``None``: the system's local time).
     """
     if width < MIN_WIDTH:
@@ -70,7 +70,7 @@ def render_timeline(gpus: list[dict], entries: list[dict], now_usec: int, hours:
 
     shown = {g["uuid"] for g in gpus}
     visible = [e for e in entries if shown & set(e["gpus"]) and grid.columns(e) is not None]
-    visible.sort(key=lambda e: (e["start_usec"], str(e["ref"])))
+    visible.sort(key=lambda e: (e["start_usec"], str(e["id"])))
     letters = [LETTERS[i] if i < len(LETTERS) else OVERFLOW for i in range(len(visible))]
 
     rows = []
@@ -178,7 +178,7 @@ def legend_lines(visible: list[dict], letters: list[str], now: int, tz, width: i
     if not visible:
         return ["no claims or bookings in this window"]
     today = local_time(now, tz).date()
-    rows = [(letter, str(e["ref"]), str(e["user"]), _kind(e), _when(e, now, today, tz))
+    rows = [(letter, str(e["id"]), str(e["user"]), _kind(e), _when(e, now, today, tz))
             for letter, e in zip(letters, visible)]
     ref_w = max(len(r[1]) for r in rows)
     user_w = max(len(r[2]) for r in rows)

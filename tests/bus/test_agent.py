@@ -52,7 +52,7 @@ def test_context_says_what_i_hold_what_is_free_and_when_next(agent_env):
     booked = run(env, "book", "--gpus", "2", "--for", "1h", "--at", "+30m").strip()
     claimed = run(env, "claim", "--gpus", "1", "--owner-pid", str(daemon.proc.pid)).strip()
     data = json.loads(run(env, "agent", "context", "--json"))
-    assert set(data) == CONTEXT_KEYS and data["schema"] == 2
+    assert set(data) == CONTEXT_KEYS and data["schema"] == 3
     assert data["me"]["uid"] == os.getuid()
     assert [c["id"] for c in data["holding"]["claims"]] == [claimed]
     assert data["holding"]["claims"][0]["until_booking"] == booked

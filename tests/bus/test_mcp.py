@@ -84,10 +84,10 @@ def test_the_context_tool_is_the_agent_context(clocked_daemon):
         return await call(s, "context"), await s.call_tool("context", {})
 
     data, raw = session(scenario)
-    assert set(data) == CONTEXT_KEYS and data["schema"] == 2
+    assert set(data) == CONTEXT_KEYS and data["schema"] == 3
     assert data["me"]["uid"] == os.getuid() and data["now"] == "2026-12-01T09:00:00Z"
     assert data["free"]["gpus"] == ["gpu0", "gpu1"]
-    assert json.loads(raw.content[0].text)["schema"] == 2   # the same as text, for any client
+    assert json.loads(raw.content[0].text)["schema"] == 3   # the same as text, for any client
 
 
 def test_a_booking_is_replayed_by_its_operation_id_and_a_conflict_names_its_code(clocked_daemon):
@@ -296,7 +296,7 @@ def test_resources_and_the_prompt(clocked_daemon):
     assert set(listed) == {"resourced://context", "resourced://usage"}
     assert all(r.mime_type == "application/json" for r in listed.values())
     data = json.loads(context.contents[0].text)
-    assert set(data) == CONTEXT_KEYS and data["schema"] == 2
+    assert set(data) == CONTEXT_KEYS and data["schema"] == 3
     assert json.loads(usage.contents[0].text)["holding"]["claims"] == 0
     assert [(a.name, a.required) for a in prompts["plan_gpu_work"].arguments] == [
         ("what", True), ("gpus", False), ("duration", False)]

@@ -230,9 +230,9 @@ def test_zoom_and_pan_change_the_visible_window(clocked_daemon):
 # -- the layout: gpuctl timeline's, with the left edge free ----------------------------------
 GPUS = [{"index": i, "uuid": f"GPU-{i}", "label": f"gpu{i}"} for i in range(3)]
 ENTRIES = [
-    {"ref": "c1", "user": "alice", "uid": 1, "gpus": ["GPU-0"], "kind": "claim",
+    {"id": "c1", "user": "alice", "uid": 1, "gpus": ["GPU-0"], "kind": "claim",
      "start_usec": at("2026-12-01T08:00:00Z"), "end_usec": 0, "shared": False},
-    {"ref": "b1", "user": "bob", "uid": 2, "gpus": ["GPU-1", "GPU-2"], "kind": "booking",
+    {"id": "b1", "user": "bob", "uid": 2, "gpus": ["GPU-1", "GPU-2"], "kind": "booking",
      "start_usec": at("2026-12-01T11:00:00Z"), "end_usec": at("2026-12-01T13:00:00Z"),
      "shared": False},
 ]

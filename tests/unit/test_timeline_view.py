@@ -24,7 +24,7 @@ GPUS = [gpu(0), gpu(1), gpu(2)]
 
 
 def entry(ref, start, end, *gpus, user="alice", kind="claim", shared=False) -> dict:
-    return {"ref": ref, "user": user, "gpus": [f"GPU-{i}" for i in gpus],
+    return {"id": ref, "user": user, "gpus": [f"GPU-{i}" for i in gpus],
             "start_usec": start, "end_usec": end, "kind": kind, "shared": shared}
 
 
