@@ -744,7 +744,7 @@ def test_a_dead_owners_claim_stays_while_its_process_runs_on_its_gpu(start_daemo
     deadline = time.monotonic() + 2.5  # the grace, a sweep, and a margin
     while time.monotonic() < deadline:
         assert ref in claims(), "released while its process still ran on its GPU"
-        time.sleep(0.1)
+        time.sleep(0.1)  # proves it is kept through the grace and the sweeps after it
 
     sim.put(gpu_of(ref))  # the process left the GPU
     assert removed.reason(ref, timeout=4) == "dead-owner"
@@ -762,7 +762,7 @@ def test_with_no_grace_a_dead_owners_claim_stays_shown_dead(start_daemon, sim, p
     deadline = time.monotonic() + 2.5
     while time.monotonic() < deadline:
         assert ref in claims()
-        time.sleep(0.1)
+        time.sleep(0.1)  # proves it is kept through what would be a grace and sweeps
 
     [row] = [line for line in gpuctl("status").stdout.splitlines() if ref in line]
     assert f"{owner.pid} (DEAD)" in row

@@ -107,4 +107,4 @@ def _sweeps_pass() -> None:
     """Let the daemon's once-a-second sweep look at least twice."""
     import time
 
-    time.sleep(2.2)
+    time.sleep(2.2)  # proves what two sweeps decide: nothing tells when one has looked

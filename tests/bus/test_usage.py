@@ -52,7 +52,7 @@ def usage(*args) -> list[dict]:
 
 
 def looked() -> None:
-    time.sleep(2.2)  # two tracking sweeps (one a second)
+    time.sleep(2.2)  # lets two tracking sweeps look (one a second): nothing tells when one has
 
 
 def test_held_used_and_idle_hours_per_user_and_per_gpu_outlive_a_restart(daemon_on, sim, clock):
