@@ -74,6 +74,29 @@ def sim(tmp_path) -> Simulation:
     return Simulation(tmp_path / "gpus.json")
 
 
+SPARE = 3
+"""The GPU that tests on the simulated clock leave unclaimed, to see the sweeps look."""
+
+
+def swept(sim: Simulation, clock) -> None:
+    """Wait until a whole tracking sweep has run on the clock as it is now.
+
+    Each move of the simulated clock starts a sweep (the daemon sees it at its next call);
+    a process nobody claimed, listed on the spare GPU, shows it busy from the first sweep
+    that saw it and free from the first that did not.  That second sweep began after the
+    first had ended, so on the clock as it is now; the third began after it had ended.
+    The clock moves a second each time, and the spare GPU is left free."""
+    with Client() as c:
+        for pids in ((os.getpid(),), (), (os.getpid(),), ()):
+            sim.put(SPARE, *pids)
+            clock.advance(1)
+            c.bookings()  # brings the daemon's clock up to date
+            state = "busy" if pids else "free"
+            eventually(lambda s=state: [g["state"] for g in c.status()["gpus"]
+                                        if g["index"] == SPARE] == [s],
+                       what=f"the spare GPU {state}")
+
+
 def settings(tmp_path: Path, **daemon) -> list[str]:
     """``--config FILE`` for a config file with these [daemon] settings."""
     path = tmp_path / f"config-{time.monotonic_ns()}.toml"
