@@ -144,3 +144,33 @@ def test_root_is_limited_unless_exempt_and_zero_means_no_limit():
             engine.settings = DaemonConfig(max_claims_per_user=0, max_waiting_per_user=0)
             engine._check_limits(USER, wait=True, demand=Demand.of(gpus=1))  # no limit: no error
     run(test)
+
+
+def test_on_a_simulated_clock_a_sweep_runs_as_soon_as_the_clock_moves(monkeypatch):
+    """The sweep's own interval is made an hour: only the clock moving can start one."""
+    from resourced.daemon.engine import tracking
+
+    monkeypatch.setattr(tracking, "TRACK_INTERVAL", 3600.0)
+
+    async def within(predicate, what: str) -> None:
+        for _ in range(500):
+            if predicate():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"not within 5 s: {what}")
+
+    async def test():
+        clock = ManualClock()
+        engine = Engine(SimulatedBackend(count=1), settings=DaemonConfig(idle_after=60),
+                        clock=clock, poll_clock=True)
+        await engine.start(None)
+        try:
+            claim, _ = await engine.claim(ME, Demand.of(gpus=1), "dev")
+            for _ in range(2):  # the first look opens the idle window, the second closes it
+                clock.advance(61)
+                engine.alarms.run_due()
+                await within(lambda: engine.tracker._looked == clock(), "a sweep at the time")
+            await within(lambda: claim.id not in engine.ledger.claims, "the idle claim released")
+        finally:
+            engine.close()
+    run(test)
