@@ -753,9 +753,10 @@ def test_a_dead_owners_claim_is_released_after_the_grace(start_daemon, sim, proc
     assert claims() == {} and status()["free"] == 4
 
 
-def test_a_dead_owners_claim_stays_while_its_process_runs_on_its_gpu(start_daemon, sim, procs,
-                                                                    tmp_path, removed):
-    d = start_daemon(gpus=sim.path, args=settings(tmp_path, dead_owner_grace=1))
+def test_a_dead_owners_claim_stays_while_its_process_runs_on_its_gpu(start_daemon, sim, clock,
+                                                                    procs, tmp_path, removed):
+    d = start_daemon(gpus=sim.path, env={"RESOURCED_SIMULATED_CLOCK": str(clock.path)},
+                     args=settings(tmp_path, dead_owner_grace=1))
     owner, child = procs.shell(f"{ORPHAN_SLEEP}; read line")
     ref = claim(owner.pid)
     sim.put(gpu_of(ref), child)
@@ -764,10 +765,9 @@ def test_a_dead_owners_claim_stays_while_its_process_runs_on_its_gpu(start_daemo
     owner.kill()
     owner.wait(5)
     eventually(lambda: claims()[ref]["owner_alive"] is False)
-    deadline = time.monotonic() + 2.5  # the grace, a sweep, and a margin
-    while time.monotonic() < deadline:
-        assert ref in claims(), "released while its process still ran on its GPU"
-        time.sleep(0.1)  # proves it is kept through the grace and the sweeps after it
+    clock.advance(2)  # past the grace
+    swept(sim, clock)
+    assert ref in claims(), "released while its process still ran on its GPU"
 
     sim.put(gpu_of(ref))  # the process left the GPU
     assert removed.reason(ref, timeout=4) == "dead-owner"
@@ -775,17 +775,18 @@ def test_a_dead_owners_claim_stays_while_its_process_runs_on_its_gpu(start_daemo
     assert f"released {ref} (dead-owner)" in d.log()
 
 
-def test_with_no_grace_a_dead_owners_claim_stays_shown_dead(start_daemon, sim, procs, tmp_path):
-    start_daemon(gpus=sim.path, args=settings(tmp_path, dead_owner_grace=0))
+def test_with_no_grace_a_dead_owners_claim_stays_shown_dead(start_daemon, sim, clock, procs,
+                                                            tmp_path):
+    start_daemon(gpus=sim.path, env={"RESOURCED_SIMULATED_CLOCK": str(clock.path)},
+                 args=settings(tmp_path, dead_owner_grace=0))
     owner = procs.sleep()
     ref = claim(owner.pid)
 
     owner.kill()
     eventually(lambda: claims()[ref]["owner_alive"] is False)
-    deadline = time.monotonic() + 2.5
-    while time.monotonic() < deadline:
-        assert ref in claims()
-        time.sleep(0.1)  # proves it is kept through what would be a grace and sweeps
+    clock.advance(3600)  # far past any grace
+    swept(sim, clock)
+    assert ref in claims()
 
     [row] = [line for line in gpuctl("status").stdout.splitlines() if ref in line]
     assert f"{owner.pid} (DEAD)" in row
