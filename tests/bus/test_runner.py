@@ -145,6 +145,16 @@ def caught_up(env, tmp_path) -> None:
     eventually(marker.exists, WAIT, what="the command of a booking that starts at once")
 
 
+def other_job(env, tmp_path, length: str) -> Path:
+    """Where a second command writes, booked at 10:00 for ``length`` and ignoring SIGTERM:
+    once it got one, the runner has looked at a clock past the end of its booking less the
+    grace, and at every running job on that clock (it looks at them all on one reading)."""
+    other = tmp_path / "other"
+    other.mkdir()
+    book(env, other, mode="ignore-term", length=length)
+    return other
+
+
 def job_file(env, ref: str) -> jobs.Job:
     return jobs.load(jobs.jobs_dir(env), ref)
 
@@ -220,11 +230,13 @@ def test_a_long_command_gets_sigterm_before_the_end_and_is_gone_by_it(job_env, o
                                                                       tmp_path):
     with runner(job_env, tmp_path, grace=5):
         ref = book(job_env, out, mode="ignore-term", length="10m")
+        other = other_job(job_env, tmp_path, "9m52s")  # its grace begins at 10:09:47
         clock.set("2026-12-01T10:00:00Z")
         job_is(job_env, ref, "running")
         [pid] = eventually(lambda: started_pids(out), WAIT)
+        eventually(lambda: started_pids(other), WAIT)
         clock.set("2026-12-01T10:09:50Z")  # 10 s before the end: not yet
-        time.sleep(1.5)  # proves no SIGTERM outside the grace: the runner looks each 0.25 s
+        eventually(lambda: (other / "got-term").exists(), WAIT)
         assert not (out / "got-term").exists()
         clock.set("2026-12-01T10:09:56Z")  # within the grace of 5 s
         eventually(lambda: (out / "got-term").exists(), WAIT)
@@ -257,11 +269,14 @@ def test_the_grace_comes_from_the_config_unless_grace_is_given(private_bus, tmp_
 def test_an_extended_booking_moves_the_sigterm(job_env, out, clock, tmp_path):
     with runner(configured(job_env, tmp_path, "[runner]\ngrace = 5\n"), tmp_path, grace=None):
         ref = book(job_env, out, mode="ignore-term", length="10m")
+        other = other_job(job_env, tmp_path, "10m")  # its grace begins at 10:09:55
         clock.set("2026-12-01T10:00:00Z")
         job_is(job_env, ref, "running")
+        eventually(lambda: started_pids(other), WAIT)
         ok(job_env, "extend", ref, "--by", "10m")
+        caught_up(job_env, tmp_path)  # the runner knows the new end
         clock.set("2026-12-01T10:09:58Z")  # within the grace of the old end
-        time.sleep(1.5)  # proves no SIGTERM outside the grace: the runner looks each 0.25 s
+        eventually(lambda: (other / "got-term").exists(), WAIT)
         assert not (out / "got-term").exists()
         clock.set("2026-12-01T10:19:57Z")
         eventually(lambda: (out / "got-term").exists(), WAIT)
