@@ -3,7 +3,8 @@
 A fixed sleep is a call of ``time.sleep``, ``asyncio.sleep`` or a bare ``sleep`` with a
 constant of ``LONG`` seconds or more: a poll's short interval is not one.  The few that
 must stay prove that nothing happens within a while; each says why in a comment on its
-line or the line before.
+line or the line before.  Scripts the tests run as processes are text, not looked at:
+their sleeps keep a process alive, they do not hold the test.
 """
 
 import ast
