@@ -10,7 +10,7 @@ import pytest
 
 from resourced.client.sync import AsyncClient, Client
 
-from ..conftest import eventually, gpuctl
+from ..conftest import eventually, eventually_async, gpuctl
 
 MIB = 1024 * 1024
 
@@ -53,9 +53,8 @@ async def sampled(client: AsyncClient, free_pct: float) -> None:
     """Wait until the figures show ``free_pct`` free: a sample since the disk changed.
     A signal of that sample reached ``client`` before this answer."""
     async def shown():
-        while abs((await client.resources())["checks"][0]["free_pct"] - free_pct) > 2:
-            await asyncio.sleep(0.02)
-    await asyncio.wait_for(shown(), 5)
+        return abs((await client.resources())["checks"][0]["free_pct"] - free_pct) <= 2
+    await eventually_async(shown, what=f"{free_pct:g} % free in the figures")
 
 
 def test_each_level_change_is_signalled_exactly_once(start_daemon, tmp_path, small_disk):

@@ -15,6 +15,8 @@ from resourced.core.ledger import ClaimReleased
 from resourced.daemon.engine.engine import Engine
 from resourced.errors import LimitExceeded
 
+from ..conftest import eventually_async
+
 ME = Caller(uid=os.getuid(), pid=os.getpid())
 USER = Caller(uid=1000, pid=os.getpid())  # another user (only limits are checked before the pid)
 
@@ -152,13 +154,6 @@ def test_on_a_simulated_clock_a_sweep_runs_as_soon_as_the_clock_moves(monkeypatc
 
     monkeypatch.setattr(tracking, "TRACK_INTERVAL", 3600.0)
 
-    async def within(predicate, what: str) -> None:
-        for _ in range(500):
-            if predicate():
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError(f"not within 5 s: {what}")
-
     async def test():
         clock = ManualClock()
         engine = Engine(SimulatedBackend(count=1), settings=DaemonConfig(idle_after=60),
@@ -169,8 +164,10 @@ def test_on_a_simulated_clock_a_sweep_runs_as_soon_as_the_clock_moves(monkeypatc
             for _ in range(2):  # the first look opens the idle window, the second closes it
                 clock.advance(61)
                 engine.alarms.run_due()
-                await within(lambda: engine.tracker._looked == clock(), "a sweep at the time")
-            await within(lambda: claim.id not in engine.ledger.claims, "the idle claim released")
+                await eventually_async(lambda: engine.tracker._looked == clock(),
+                                       what="a sweep at the time")
+            await eventually_async(lambda: claim.id not in engine.ledger.claims,
+                                   what="the idle claim released")
         finally:
             engine.close()
     run(test)
