@@ -740,21 +740,37 @@ def test_with_the_real_daemon_a_booking_ends_in_one_bubble_and_a_blackout_is_war
         added = gpuctl("blackout", "add", "--from", start, "--until", end, "--reason", reason)
         assert added.returncode == 0, added.stderr
 
-    def shown(count: int) -> list[str]:
-        eventually(lambda: len(notifies(server)) >= count, 10)
+    def bubbles() -> list[str]:
+        return [f"{n['summary']} | {n['body']}" for n in notifies(server)
+                if not n["body"].startswith("marker ")]
+
+    def signalled(count: int) -> list[str]:
+        """The bubbles, once ``count`` have come and every signal the daemon sent with
+        them is shown: the agent takes its signals in order, and a notice added now is
+        signalled after them (its bubble is left out)."""
+        eventually(lambda: len(bubbles()) >= count, 10)
+        marker = f"marker {len(notifies(server))}"
+        assert gpuctl("notice", "add", marker).returncode == 0
+        eventually(lambda: any(n["body"] == marker for n in notifies(server)), 10)
+        return bubbles()
+
+    def timed(count: int) -> list[str]:
+        """The bubbles, once ``count`` have come and the agent's blackout timer, which
+        looks at the clock by itself, has had time to add one."""
+        eventually(lambda: len(bubbles()) >= count, 10)
         time.sleep(1.5)  # nothing more may come: the agent's own timer looks once a second
-        return [f"{n['summary']} | {n['body']}" for n in notifies(server)]
+        return bubbles()
 
     added = (f"Booking {ref} falls in a maintenance window | An administrator blocked that "
              "time; the booking stays. See gpuctl blackout list.")
-    assert shown(1) == [added]
+    assert signalled(1) == [added]
     clock.set("2026-12-01T09:26:00Z")  # the other blackout is over none of my bookings
-    assert len(shown(1)) == 1
+    assert len(timed(1)) == 1
     clock.set("2026-12-01T10:00:00Z")
-    assert shown(2)[1].startswith(f"Booking {ref} has started")
+    assert signalled(2)[1].startswith(f"Booking {ref} has started")
     clock.set("2026-12-01T10:26:00Z")  # warn_before (300 s) before the blackout over it
-    assert shown(3)[2] == ("Maintenance begins at today 10:30 | driver update, until today "
+    assert timed(3)[2] == ("Maintenance begins at today 10:30 | driver update, until today "
                            f"10:45. Booking {ref} falls in it: save your work.")
     clock.set("2026-12-01T10:56:00Z")  # its claim's Ending and its "ending": one bubble
     ending = f"Booking {ref} ends at today 11:00 | Save your work: gpu0 go back then."
-    assert shown(4)[3:] == [ending]
+    assert signalled(4)[3:] == [ending]
