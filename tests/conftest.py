@@ -1,5 +1,7 @@
 """Shared test fixtures: a private session bus per test session, and daemons on it."""
 
+import asyncio
+import inspect
 import os
 import subprocess
 import sys
@@ -68,6 +70,22 @@ def eventually(predicate, timeout: float = 5.0, interval: float = 0.02, what: st
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout:g} s: {what or predicate}")
         time.sleep(interval)
+
+
+async def eventually_async(predicate, timeout: float = 5.0, interval: float = 0.02,
+                           what: str = ""):
+    """``eventually`` for a test on an event loop, which it leaves running between looks;
+    ``predicate`` may be a coroutine function."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what or predicate}")
+        await asyncio.sleep(interval)
 
 
 class Daemon:

@@ -5,7 +5,7 @@ With the simulated backend (only there: ``RESOURCED_SIMULATED_GPUS`` set),
 ``2026-12-01T09:00:00Z``.  That instant is *now* for the daemon and for gpuctl: bookings
 start and end on it.  The file is read again on each use (cheaply: only when it changed),
 and the daemon looks at least once a second, so writing a new instant moves time for
-everyone within a second.
+everyone within a second; each new instant the daemon sees starts a tracking sweep too.
 """
 
 import os

@@ -4,7 +4,7 @@ clients)."""
 
 import os
 import subprocess
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -30,6 +30,10 @@ class SimClock:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(text + "\n")
         os.replace(tmp, self.path)
+        self.now = datetime.fromisoformat(text)
+
+    def advance(self, seconds: float) -> None:
+        self.set((self.now + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z"))
 
 
 @pytest.fixture

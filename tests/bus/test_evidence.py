@@ -74,6 +74,29 @@ def sim(tmp_path) -> Simulation:
     return Simulation(tmp_path / "gpus.json")
 
 
+SPARE = 3
+"""The GPU that tests on the simulated clock leave unclaimed, to see the sweeps look."""
+
+
+def swept(sim: Simulation, clock) -> None:
+    """Wait until a whole tracking sweep has run on the clock as it is now.
+
+    Each move of the simulated clock starts a sweep (the daemon sees it at its next call);
+    a process nobody claimed, listed on the spare GPU, shows it busy from the first sweep
+    that saw it and free from the first that did not.  That second sweep began after the
+    first had ended, so on the clock as it is now; the third began after it had ended.
+    The clock moves a second each time, and the spare GPU is left free."""
+    with Client() as c:
+        for pids in ((os.getpid(),), (), (os.getpid(),), ()):
+            sim.put(SPARE, *pids)
+            clock.advance(1)
+            c.bookings()  # brings the daemon's clock up to date
+            state = "busy" if pids else "free"
+            eventually(lambda s=state: [g["state"] for g in c.status()["gpus"]
+                                        if g["index"] == SPARE] == [s],
+                       what=f"the spare GPU {state}")
+
+
 def settings(tmp_path: Path, **daemon) -> list[str]:
     """``--config FILE`` for a config file with these [daemon] settings."""
     path = tmp_path / f"config-{time.monotonic_ns()}.toml"
@@ -730,9 +753,10 @@ def test_a_dead_owners_claim_is_released_after_the_grace(start_daemon, sim, proc
     assert claims() == {} and status()["free"] == 4
 
 
-def test_a_dead_owners_claim_stays_while_its_process_runs_on_its_gpu(start_daemon, sim, procs,
-                                                                    tmp_path, removed):
-    d = start_daemon(gpus=sim.path, args=settings(tmp_path, dead_owner_grace=1))
+def test_a_dead_owners_claim_stays_while_its_process_runs_on_its_gpu(start_daemon, sim, clock,
+                                                                    procs, tmp_path, removed):
+    d = start_daemon(gpus=sim.path, env={"RESOURCED_SIMULATED_CLOCK": str(clock.path)},
+                     args=settings(tmp_path, dead_owner_grace=1))
     owner, child = procs.shell(f"{ORPHAN_SLEEP}; read line")
     ref = claim(owner.pid)
     sim.put(gpu_of(ref), child)
@@ -741,10 +765,9 @@ def test_a_dead_owners_claim_stays_while_its_process_runs_on_its_gpu(start_daemo
     owner.kill()
     owner.wait(5)
     eventually(lambda: claims()[ref]["owner_alive"] is False)
-    deadline = time.monotonic() + 2.5  # the grace, a sweep, and a margin
-    while time.monotonic() < deadline:
-        assert ref in claims(), "released while its process still ran on its GPU"
-        time.sleep(0.1)
+    clock.advance(2)  # past the grace
+    swept(sim, clock)
+    assert ref in claims(), "released while its process still ran on its GPU"
 
     sim.put(gpu_of(ref))  # the process left the GPU
     assert removed.reason(ref, timeout=4) == "dead-owner"
@@ -752,17 +775,18 @@ def test_a_dead_owners_claim_stays_while_its_process_runs_on_its_gpu(start_daemo
     assert f"released {ref} (dead-owner)" in d.log()
 
 
-def test_with_no_grace_a_dead_owners_claim_stays_shown_dead(start_daemon, sim, procs, tmp_path):
-    start_daemon(gpus=sim.path, args=settings(tmp_path, dead_owner_grace=0))
+def test_with_no_grace_a_dead_owners_claim_stays_shown_dead(start_daemon, sim, clock, procs,
+                                                            tmp_path):
+    start_daemon(gpus=sim.path, env={"RESOURCED_SIMULATED_CLOCK": str(clock.path)},
+                 args=settings(tmp_path, dead_owner_grace=0))
     owner = procs.sleep()
     ref = claim(owner.pid)
 
     owner.kill()
     eventually(lambda: claims()[ref]["owner_alive"] is False)
-    deadline = time.monotonic() + 2.5
-    while time.monotonic() < deadline:
-        assert ref in claims()
-        time.sleep(0.1)
+    clock.advance(3600)  # far past any grace
+    swept(sim, clock)
+    assert ref in claims()
 
     [row] = [line for line in gpuctl("status").stdout.splitlines() if ref in line]
     assert f"{owner.pid} (DEAD)" in row

@@ -10,7 +10,7 @@ import pytest
 
 from resourced.client.sync import AsyncClient, Client
 
-from ..conftest import eventually, gpuctl
+from ..conftest import eventually, eventually_async, gpuctl
 
 MIB = 1024 * 1024
 
@@ -42,6 +42,21 @@ def config(tmp_path, disk) -> str:
     return str(path)
 
 
+async def subscribed(client: AsyncClient) -> None:
+    """Return once a subscription just started on ``client`` is in place: it sends its
+    AddMatch when first scheduled, and the bus answers a call behind it after."""
+    await asyncio.sleep(0)
+    await client.ping()
+
+
+async def sampled(client: AsyncClient, free_pct: float) -> None:
+    """Wait until the figures show ``free_pct`` free: a sample since the disk changed.
+    A signal of that sample reached ``client`` before this answer."""
+    async def shown():
+        return abs((await client.resources())["checks"][0]["free_pct"] - free_pct) <= 2
+    await eventually_async(shown, what=f"{free_pct:g} % free in the figures")
+
+
 def test_each_level_change_is_signalled_exactly_once(start_daemon, tmp_path, small_disk):
     start_daemon(args=["--config", config(tmp_path, small_disk)])
     with Client() as c:
@@ -55,19 +70,24 @@ def test_each_level_change_is_signalled_exactly_once(start_daemon, tmp_path, sma
                 async for change in client.level_changes(check="scratch"):
                     seen.append(change)
 
+            await client.ping()
             task = asyncio.ensure_future(collect())
-            await asyncio.sleep(0.3)
+            await subscribed(client)
             fill(small_disk, 6)           # 40 % free: WARN
-            await asyncio.sleep(1.0)      # several samples at the same level: no new signal
+            await sampled(client, 40)
+            fill(small_disk, 7)           # 30 % free: another sample at WARN, no new signal
+            await sampled(client, 30)
             fill(small_disk, 9)           # 10 % free: STOP
-            await asyncio.sleep(1.0)
+            await sampled(client, 10)
             (small_disk / "fill").unlink()  # back to OK
-            await asyncio.sleep(1.0)
+            await sampled(client, 100)
+            fill(small_disk, 1)           # 90 % free: another sample at OK
+            await sampled(client, 90)
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             waiter = asyncio.ensure_future(client.wait_level_change(levels=("STOP",), timeout=5))
-            await asyncio.sleep(0.3)
+            await subscribed(client)
             fill(small_disk, 9)
             stop = await waiter
             assert (stop["check"], stop["new"]) == ("scratch", "STOP")

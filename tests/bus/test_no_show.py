@@ -12,7 +12,7 @@ from resourced.client.sync import Client
 
 from ..conftest import eventually, gpuctl
 from .conftest import CLOCK_TIMEOUT
-from .test_evidence import Simulation, settings
+from .test_evidence import Simulation, settings, swept
 
 WINDOW = 600  # no_show_after, seconds of the simulated clock
 
@@ -32,7 +32,7 @@ def booked(start_daemon, sim, clock, tmp_path):
         ref = c.book(3 * 3600, gpu_names=["gpu0"], start="2026-12-01T10:00:00Z")["booking"]["id"]
     clock.set("2026-12-01T10:00:00Z")
     eventually(lambda: booking(ref)["claim_state"] == "granted", CLOCK_TIMEOUT)
-    _sweeps_pass()  # the window opens at the first look after the start
+    swept(sim, clock)  # the window opens at the first look after the start
     return ref
 
 
@@ -41,9 +41,9 @@ def booking(ref: str) -> dict:
         return c.booking(ref)
 
 
-def test_a_booking_nobody_used_is_released_as_a_no_show(booked, clock):
+def test_a_booking_nobody_used_is_released_as_a_no_show(booked, clock, sim):
     clock.set("2026-12-01T10:05:00Z")  # half the window: kept
-    _sweeps_pass()
+    swept(sim, clock)
     assert booking(booked)["state"] == "active"
     clock.set("2026-12-01T10:11:00Z")
 
@@ -64,10 +64,10 @@ def test_a_process_of_the_owner_keeps_it_even_idle(booked, clock, sim):
         sim.put(0, own.pid)
         clock.set("2026-12-01T10:01:00Z")
         eventually(lambda: booking(booked)["state"] == "active", CLOCK_TIMEOUT)
-        _sweeps_pass()
+        swept(sim, clock)
         sim.put(0)  # gone again: once used, never a no-show
         clock.set("2026-12-01T11:00:00Z")
-        _sweeps_pass()
+        swept(sim, clock)
         assert booking(booked)["state"] == "active"
     finally:
         own.kill()
@@ -77,12 +77,12 @@ def test_a_process_of_the_owner_keeps_it_even_idle(booked, clock, sim):
 def test_evidence_the_daemon_cannot_trust_keeps_it(booked, clock, sim):
     sim.drop(0)  # the driver no longer reports GPU 0: nothing known about it
     clock.set("2026-12-01T10:20:00Z")
-    _sweeps_pass()
+    swept(sim, clock)
     assert booking(booked)["state"] == "active"
     sim.put(0)  # reported again, idle: the window starts again from here
-    _sweeps_pass()
+    swept(sim, clock)
     clock.set("2026-12-01T10:25:00Z")
-    _sweeps_pass()
+    swept(sim, clock)
     assert booking(booked)["state"] == "active"
 
 
@@ -93,7 +93,7 @@ def test_an_idle_claim_is_released_when_configured(start_daemon, sim, clock, tmp
     try:
         with Client() as c:
             ref = c.claim(gpus=1, owner_pid=owner.pid)["allocation"]["ref"]
-            _sweeps_pass()
+            swept(sim, clock)
             clock.set("2026-12-01T09:11:00Z")
             eventually(lambda: ref not in {k["id"] for k in c.status()["claims"]},
                        CLOCK_TIMEOUT)
@@ -101,10 +101,3 @@ def test_an_idle_claim_is_released_when_configured(start_daemon, sim, clock, tmp
     finally:
         owner.kill()
         owner.wait()
-
-
-def _sweeps_pass() -> None:
-    """Let the daemon's once-a-second sweep look at least twice."""
-    import time
-
-    time.sleep(2.2)

@@ -134,9 +134,12 @@ class Services:
         self.signal(iface.LevelChanged, *args)
 
     def signal(self, method, *args) -> None:
-        """Emit a dbus-fast signal (``iface.Member``) from the services' loop."""
+        """Emit a dbus-fast signal (``iface.Member``) from the services' loop; it is on its
+        way to the agent, ahead of any signal sent after, once this returns."""
         async def emit():
             method(*args)
+            for bus in self.buses:
+                await sent_on(bus)
         self.run(emit())
 
     def stop(self, bus: MessageBus) -> None:
@@ -152,6 +155,14 @@ class Services:
                 self.stop(bus)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+
+
+async def sent_on(bus: MessageBus) -> None:
+    """Return once the bus has routed what ``bus`` sent before: it answers in order."""
+    from dbus_fast import Message
+
+    await bus.call(Message(destination="org.freedesktop.DBus", path="/org/freedesktop/DBus",
+                           interface="org.freedesktop.DBus", member="GetId"))
 
 
 class AgentProcess:
@@ -219,6 +230,17 @@ def notifies(server: FakeNotifications) -> list[dict]:
     return [args for name, args in server.calls if name == "Notify"]
 
 
+def settled(services, manager: FakeManager, server: FakeNotifications) -> list[tuple]:
+    """The server's calls once the agent has acted on every signal sent before: it takes
+    them one at a time, in order, so a bubble for one more check comes after all they
+    caused (that bubble is left out)."""
+    services.emit(manager, "marker", "OK", "WARN", "the marker")
+    marked = eventually(lambda: [i for i, (name, args) in enumerate(server.calls)
+                                 if name == "Notify" and args["body"] == "the marker"],
+                        what="the marker's bubble")
+    return server.calls[:marked[0]]
+
+
 def _three_changes(services, manager, server):
     """OK->STOP, STOP->WARN, WARN->OK: one bubble, replaced in place, then closed."""
     services.emit(manager, "data", "OK", "STOP", REASON)
@@ -239,9 +261,7 @@ def _three_changes(services, manager, server):
 
     services.emit(manager, "data", "WARN", "OK", "fine")
     eventually(lambda: len(server.calls) >= 3)
-    time.sleep(0.2)  # nothing more may come
-    assert server.calls[2:] == [("CloseNotification", first["id"])]
-    assert len(server.calls) == 3
+    assert settled(services, manager, server)[2:] == [("CloseNotification", first["id"])]
 
 
 def test_one_bubble_per_check_on_a_session_daemon(buses, services, agents):
@@ -278,12 +298,12 @@ def test_signals_from_others_are_ignored(buses, services, agents):
         bus = await MessageBus(bus_address=session.address).connect()
         bus.export("/org/resourced", impostor)
         impostor.LevelChanged("data", "OK", "STOP", "spoofed")
-        await asyncio.sleep(0.1)
+        await sent_on(bus)
         bus.disconnect()
     services.run(impostor_emits())
+    # the agent gets the spoofed signal before this one: any bubble of it would come first
     services.emit(manager, "ram", "OK", "WARN", "low")
     eventually(lambda: len(server.calls) >= 1)
-    time.sleep(0.2)
     assert [c["body"] for c in notifies(server)] == ["low"]
 
 
@@ -432,13 +452,12 @@ def test_a_clicked_health_bubble_opens_gpuctl_resources(buses, services, agents,
     services.signal(server.ActionInvoked, bubble["id"], "some-other-key")
     services.signal(server.ActivationToken, bubble["id"], "token-1")
     services.signal(server.ActionInvoked, bubble["id"], "default")
-    eventually(lambda: terminal.lines(), 10)
-    time.sleep(0.3)                    # nothing more may come
-    (line,) = terminal.lines()
+    agent.wait_log("opened gpuctl resources --bus session in")
+    assert agent.log().count("opened gpuctl") == 1  # the signals before it opened nothing
+    (line,) = eventually(lambda: terminal.lines(), 10)
     token, argv = line.split("|", 1)
     assert token == "token-1"
     assert argv.startswith("-e sh -c ") and argv.endswith("gpuctl resources --bus session")
-    agent.wait_log("opened gpuctl resources --bus session in")
 
 
 def test_actions_follow_the_notification_server(buses, services, agents, terminal):
@@ -459,10 +478,9 @@ def test_actions_follow_the_notification_server(buses, services, agents, termina
     agent.wait_log("the notification server does not support actions")
     # the old server's id means nothing now, even if this one says it
     services.signal(plain.ActionInvoked, old_id, "default")
-    services.emit(manager, "data", "WARN", "STOP", REASON)
+    services.emit(manager, "data", "WARN", "STOP", REASON)  # taken after that signal
     eventually(lambda: len(notifies(plain)) == 2)
-    time.sleep(0.2)
-    assert terminal.lines() == []
+    assert "opened gpuctl" not in agent.log() and terminal.lines() == []
 
 
 def test_an_action_from_someone_else_opens_nothing(buses, services, agents, terminal):
@@ -488,13 +506,13 @@ def test_an_action_from_someone_else_opens_nothing(buses, services, agents, term
                 path="/org/freedesktop/Notifications",
                 interface="org.freedesktop.Notifications", member="ActionInvoked",
                 signature="us", body=[nid, "default"]))
-        await asyncio.sleep(0.3)
+        await sent_on(bus)
         bus.disconnect()
     services.run(impostor_invokes())
-    time.sleep(0.3)
-    assert terminal.lines() == []
     services.signal(server.ActionInvoked, nid, "default")    # the server itself: it opens
-    eventually(lambda: terminal.lines(), 10)
+    agent.wait_log("opened gpuctl resources")
+    assert agent.log().count("opened gpuctl") == 1  # the impostor's came first: not opened
+    assert len(eventually(lambda: terminal.lines(), 10)) == 1
 
 
 def test_a_booking_bubble_opens_gpuctl_bookings(buses, services, agents, terminal):
@@ -515,9 +533,9 @@ def test_a_booking_bubble_opens_gpuctl_bookings(buses, services, agents, termina
     assert notice["actions"] == []
     services.signal(server.ActionInvoked, notice["id"], "default")
     services.signal(server.ActionInvoked, booking["id"], "default")
-    eventually(lambda: terminal.lines(), 10)
-    time.sleep(0.3)
-    (line,) = terminal.lines()
+    agent.wait_log("opened gpuctl bookings")
+    assert agent.log().count("opened gpuctl") == 1  # the notice's bubble opens nothing
+    (line,) = eventually(lambda: terminal.lines(), 10)
     assert line.endswith("gpuctl bookings --bus session")
 
 
@@ -615,7 +633,8 @@ def test_with_a_real_dunst(buses, services, agents, tmp_path, terminal):
     env = {**os.environ, **session.env(), "DISPLAY": display}
     dunst = None
     try:
-        time.sleep(0.5)
+        eventually(lambda: os.path.exists(f"/tmp/.X11-unix/X{display[1:]}"), 10,
+                   what="Xvfb's socket")
         dunst = subprocess.Popen(["dunst", "-config", "/dev/null"], env=env,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _, manager = services.resourced(session.address, health(data=("OK", "fine")))
@@ -700,8 +719,8 @@ def test_calendar_signals_of_mine_become_bubbles_and_others_do_not(buses, servic
         manager.NoticeAdded("n1", "GPU 3 is replaced on Friday")
     services.run(emit())
     eventually(lambda: len(notifies(server)) >= 3)
-    time.sleep(0.2)  # nothing more may come
-    shown = [(n["summary"], n["body"], n["urgency"]) for n in notifies(server)]
+    shown = [(args["summary"], args["body"], args["urgency"])
+             for name, args in settled(services, manager, server) if name == "Notify"]
     assert shown[0][0] == "Booking bmine01 has started" and "gpu1" in shown[0][1]
     assert shown[1] == ("Booking bmine01 was cancelled by an administrator",
                         "disk replacement", 2)
@@ -721,21 +740,37 @@ def test_with_the_real_daemon_a_booking_ends_in_one_bubble_and_a_blackout_is_war
         added = gpuctl("blackout", "add", "--from", start, "--until", end, "--reason", reason)
         assert added.returncode == 0, added.stderr
 
-    def shown(count: int) -> list[str]:
-        eventually(lambda: len(notifies(server)) >= count, 10)
-        time.sleep(1.5)  # nothing more may come
-        return [f"{n['summary']} | {n['body']}" for n in notifies(server)]
+    def bubbles() -> list[str]:
+        return [f"{n['summary']} | {n['body']}" for n in notifies(server)
+                if not n["body"].startswith("marker ")]
+
+    def signalled(count: int) -> list[str]:
+        """The bubbles, once ``count`` have come and every signal the daemon sent with
+        them is shown: the agent takes its signals in order, and a notice added now is
+        signalled after them (its bubble is left out)."""
+        eventually(lambda: len(bubbles()) >= count, 10)
+        marker = f"marker {len(notifies(server))}"
+        assert gpuctl("notice", "add", marker).returncode == 0
+        eventually(lambda: any(n["body"] == marker for n in notifies(server)), 10)
+        return bubbles()
+
+    def timed(count: int) -> list[str]:
+        """The bubbles, once ``count`` have come and the agent's blackout timer, which
+        looks at the clock by itself, has had time to add one."""
+        eventually(lambda: len(bubbles()) >= count, 10)
+        time.sleep(1.5)  # nothing more may come: the agent's own timer looks once a second
+        return bubbles()
 
     added = (f"Booking {ref} falls in a maintenance window | An administrator blocked that "
              "time; the booking stays. See gpuctl blackout list.")
-    assert shown(1) == [added]
+    assert signalled(1) == [added]
     clock.set("2026-12-01T09:26:00Z")  # the other blackout is over none of my bookings
-    assert len(shown(1)) == 1
+    assert len(timed(1)) == 1
     clock.set("2026-12-01T10:00:00Z")
-    assert shown(2)[1].startswith(f"Booking {ref} has started")
+    assert signalled(2)[1].startswith(f"Booking {ref} has started")
     clock.set("2026-12-01T10:26:00Z")  # warn_before (300 s) before the blackout over it
-    assert shown(3)[2] == ("Maintenance begins at today 10:30 | driver update, until today "
+    assert timed(3)[2] == ("Maintenance begins at today 10:30 | driver update, until today "
                            f"10:45. Booking {ref} falls in it: save your work.")
     clock.set("2026-12-01T10:56:00Z")  # its claim's Ending and its "ending": one bubble
     ending = f"Booking {ref} ends at today 11:00 | Save your work: gpu0 go back then."
-    assert shown(4)[3:] == [ending]
+    assert signalled(4)[3:] == [ending]

@@ -33,6 +33,7 @@ CLAIM_IFACE = "org.resourced.Claim"
 POOL_IFACE = "org.resourced.Pool"
 GPU_IFACE = "org.resourced.GPU"
 PROPERTIES = "org.freedesktop.DBus.Properties"
+PEER = DBusAddress("/org/resourced", bus_name=NAME, interface="org.freedesktop.DBus.Peer")
 G = 1024**3
 
 CONFIG = """
@@ -202,9 +203,12 @@ class BusWatch:
         self.path = path
         self.conn = open_dbus_connection("SESSION")
         self._handle = self.conn.filter(MatchRule(type="signal", path=path), bufsize=100_000)
+        self.conn.filter(MatchRule(type="method_return"), queue=self._handle.queue)
         self.conn.send_and_get_reply(
             message_bus.AddMatch(MatchRule(type="signal", sender=NAME, path=path)), timeout=5)
         self.signals: list[tuple[float, str, str, tuple]] = []  # (when, interface, member, body)
+        self._answered: set[int] = set()  # serials of our pings the daemon answered
+        self._pings = 1 << 20
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -219,8 +223,19 @@ class BusWatch:
             except OSError:
                 return
             fields = msg.header.fields
+            if HeaderFields.reply_serial in fields:
+                self._answered.add(fields[HeaderFields.reply_serial])
+                continue
             self.signals.append((time.monotonic(), fields.get(HeaderFields.interface),
                                  fields.get(HeaderFields.member), msg.body))
+
+    def settled(self) -> None:
+        """Wait until every signal the daemon sent before now is recorded: the daemon
+        answers a ping on this connection after them."""
+        self._pings += 1
+        serial = self._pings
+        self.conn.send(new_method_call(PEER, "Ping"), serial=serial)
+        eventually(lambda: serial in self._answered, what="the daemon's answer to a ping")
 
     def members(self, interface: str = CLAIM_IFACE) -> list[tuple]:
         return [(member, body) for _, iface, member, body in self.signals if iface == interface]
@@ -368,15 +383,13 @@ def test_a_large_waiter_is_not_starved_by_small_ones(pools_daemon):
         eventually(lambda: queued_labels() == ["large", "small1", "small2"])
 
         c.release(first)  # one slot frees: it is the large waiter's, not the small ones'
-        time.sleep(0.3)
         assert queued_labels() == ["large", "small1", "small2"]
         assert pool()["free"] == 1
         assert c.try_acquire(pools={"slots": 1}) is None  # nor can a newcomer take it
 
         c.release(second)  # both free: the large one goes first
         assert large.outcome().granted, large.error
-        time.sleep(0.2)
-        assert queued_labels() == ["small1", "small2"]
+        assert queued_labels() == ["small1", "small2"]  # (the release served the queue)
         assert not any(w.granted for w in small)
 
         c.release(large.ref)
@@ -602,8 +615,8 @@ def test_a_higher_priority_waiter_asks_a_reclaimable_lease_back(pools_daemon):
 
             lease.release()
             assert waiter.outcome().granted, waiter.error
-            time.sleep(0.2)
             assert queued_labels() == ["third"] and not third.granted
+            watch.settled()
             assert ("ReclaimWithdrawn", ()) not in watch.members()
         c.release(waiter.ref)
         assert third.outcome().granted, third.error
@@ -616,7 +629,7 @@ def test_an_equal_priority_waiter_does_not_ask_back(pools_daemon):
         with claim_watch(lease.ref) as watch:
             waiter = Waiter(slots=1, priority=3, timeout=10)
             eventually(lambda: len(queue()) == 1)
-            time.sleep(0.3)
+            watch.settled()  # what queueing the waiter signalled, if anything
             assert lease.reclaim_requested is False
             assert watch.members() == [] and watch.changed("ReclaimRequested") == []
             lease.release()
@@ -796,6 +809,7 @@ class HeldCall:
         if then:
             self.conn.send(new_method_call(MANAGER, *then), serial=self.serial + 1)
         self.received: list = []
+        self._pings = 1  # serials after the Claim's: the call behind it, then pings
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -817,6 +831,14 @@ class HeldCall:
 
     def members(self) -> list[str]:
         return [m.header.fields.get(HeaderFields.member) for m in self.received]
+
+    def settled(self) -> None:
+        """Wait until every message the daemon sent this connection before now is
+        received: it answers a ping after them."""
+        self._pings += 1
+        serial = self.serial + self._pings
+        self.conn.send(new_method_call(PEER, "Ping"), serial=serial)
+        eventually(lambda: self.reply(serial - self.serial), what="the answer to a ping")
 
     def stop_reading(self) -> None:
         """Leave the connection to calls made on it (``call_manager``)."""
@@ -851,7 +873,7 @@ def test_a_held_claim_is_answered_at_its_grant_and_signalled_to_nobody(pools_dae
         held = hold_slots(c, 2)
         with HeldCall() as call:
             [waiting] = eventually(queue)
-            time.sleep(0.3)
+            call.settled()
             assert call.reply() is None  # it waits, and so does its reply
             c.release(held)
             reply = eventually(call.reply, what="the Claim's reply")
@@ -859,7 +881,7 @@ def test_a_held_claim_is_answered_at_its_grant_and_signalled_to_nobody(pools_dae
             assert (claim_id, grant["State"][1], grant["Pools"][1]) == (
                 waiting["id"], "granted", {"slots": 1})
             assert path == f"/org/resourced/claim/{claim_id}"
-            time.sleep(0.2)
+            call.settled()
             assert "Granted" not in call.members()
         c.release(claim_id)
 

@@ -10,6 +10,7 @@ runner is killed on the way out, and every command left running with it.
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -135,6 +136,25 @@ def runner(env, tmp_path, grace=5):
         proc.wait(10)
 
 
+def caught_up(env, tmp_path) -> None:
+    """Wait until the runner has acted on every booking signal sent before now: the
+    command of a booking that starts at once runs only once it reached that booking's
+    signals, which come after them."""
+    marker = tmp_path / f"marker-{time.monotonic_ns()}"
+    ok(env, "book", "--gpus", "1", "--for", "1h", "--", "touch", str(marker))
+    eventually(marker.exists, WAIT, what="the command of a booking that starts at once")
+
+
+def other_job(env, tmp_path, length: str) -> Path:
+    """Where a second command writes, booked at 10:00 for ``length`` and ignoring SIGTERM:
+    once it got one, the runner has looked at a clock past the end of its booking less the
+    grace, and at every running job on that clock (it looks at them all on one reading)."""
+    other = tmp_path / "other"
+    other.mkdir()
+    book(env, other, mode="ignore-term", length=length)
+    return other
+
+
 def job_file(env, ref: str) -> jobs.Job:
     return jobs.load(jobs.jobs_dir(env), ref)
 
@@ -169,7 +189,7 @@ def test_a_booked_command_runs_at_the_start_as_its_owner_on_the_booked_gpus(
         assert kept.argv[-2:] == [str(out), "wait"] and kept.cwd == str(tmp_path)
         assert "TERM" not in kept.env and kept.env["KEPT"] == "from-booking"
         assert booking(job_env, ref)["job"] == "pending"
-        time.sleep(1.5)
+        caught_up(job_env, tmp_path)
         assert not (out / "starts").exists()  # not before its start
 
         clock.set("2026-12-01T10:00:00Z")
@@ -210,11 +230,13 @@ def test_a_long_command_gets_sigterm_before_the_end_and_is_gone_by_it(job_env, o
                                                                       tmp_path):
     with runner(job_env, tmp_path, grace=5):
         ref = book(job_env, out, mode="ignore-term", length="10m")
+        other = other_job(job_env, tmp_path, "9m52s")  # its grace begins at 10:09:47
         clock.set("2026-12-01T10:00:00Z")
         job_is(job_env, ref, "running")
         [pid] = eventually(lambda: started_pids(out), WAIT)
+        eventually(lambda: started_pids(other), WAIT)
         clock.set("2026-12-01T10:09:50Z")  # 10 s before the end: not yet
-        time.sleep(1.5)
+        eventually(lambda: (other / "got-term").exists(), WAIT)
         assert not (out / "got-term").exists()
         clock.set("2026-12-01T10:09:56Z")  # within the grace of 5 s
         eventually(lambda: (out / "got-term").exists(), WAIT)
@@ -247,11 +269,14 @@ def test_the_grace_comes_from_the_config_unless_grace_is_given(private_bus, tmp_
 def test_an_extended_booking_moves_the_sigterm(job_env, out, clock, tmp_path):
     with runner(configured(job_env, tmp_path, "[runner]\ngrace = 5\n"), tmp_path, grace=None):
         ref = book(job_env, out, mode="ignore-term", length="10m")
+        other = other_job(job_env, tmp_path, "10m")  # its grace begins at 10:09:55
         clock.set("2026-12-01T10:00:00Z")
         job_is(job_env, ref, "running")
+        eventually(lambda: started_pids(other), WAIT)
         ok(job_env, "extend", ref, "--by", "10m")
+        caught_up(job_env, tmp_path)  # the runner knows the new end
         clock.set("2026-12-01T10:09:58Z")  # within the grace of the old end
-        time.sleep(2)
+        eventually(lambda: (other / "got-term").exists(), WAIT)
         assert not (out / "got-term").exists()
         clock.set("2026-12-01T10:19:57Z")
         eventually(lambda: (out / "got-term").exists(), WAIT)
@@ -279,7 +304,7 @@ def test_cancelling_a_booking_whose_command_is_pending_marks_it_cancelled(job_en
         kept = job_file(job_env, ref)
         assert kept.state == "cancelled" and kept.argv[-1] == "wait"  # marked, not removed
         clock.set("2026-12-01T10:00:00Z")
-        time.sleep(1.5)
+        caught_up(job_env, tmp_path)
         assert not (out / "starts").exists()
 
 
@@ -302,7 +327,7 @@ def test_a_runner_killed_while_its_command_runs_adopts_it_and_never_runs_it_twic
     assert not gone(pid)  # the command outlives its runner
     with runner(job_env, tmp_path) as second:
         eventually(lambda: "adopted the job of" in second.log_path.read_text(), WAIT)
-        time.sleep(1)
+        caught_up(job_env, tmp_path)
         assert started_pids(out) == [pid]
         (out / "release").write_text("0")
         b = job_is(job_env, ref, "succeeded")
@@ -318,7 +343,7 @@ def test_a_command_gone_while_no_runner_watched_is_reported_failed(job_env, out,
     with runner(job_env, tmp_path):
         b = job_is(job_env, ref, "failed")
         assert b["job_detail"] == jobs.RESTART_DETAIL
-        time.sleep(1)
+        caught_up(job_env, tmp_path)
     assert started_pids(out) == [pid]
 
 
@@ -360,7 +385,7 @@ def test_a_runner_started_long_after_the_start_reports_the_command_missed(
     with runner(job_env, tmp_path):
         b = job_is(job_env, ref, "missed")
         assert "after its start" in b["job_detail"]
-        time.sleep(1)
+        caught_up(job_env, tmp_path)
     assert not (out / "starts").exists()
     assert job_file(job_env, ref).state == "missed"
 
@@ -389,10 +414,12 @@ def test_logs_follow_prints_until_the_job_ends_and_exit_6_without_a_job(job_env,
         try:
             clock.set("2026-12-01T10:00:00Z")
             job_is(job_env, ref, "running")
-            time.sleep(0.5)
-            assert follow.poll() is None  # still following
+            assert select.select([follow.stdout], [], [], WAIT)[0], "nothing followed"
+            first = follow.stdout.readline()
+            assert first == "hello from the job\n" and follow.poll() is None  # following
             (out / "release").write_text("0")
-            stdout, _ = follow.communicate(timeout=WAIT)
+            rest, _ = follow.communicate(timeout=WAIT)
+            stdout = first + rest
         finally:
             if follow.poll() is None:
                 follow.kill()

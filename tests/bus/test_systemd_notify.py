@@ -4,7 +4,6 @@ import os
 import signal
 import socket
 import struct
-import time
 import uuid
 
 import pytest
@@ -88,10 +87,12 @@ def test_a_path_notify_socket_works_too(start_daemon, listener):
 
 def test_no_watchdog_pings_when_not_asked_for(start_daemon, listener):
     notify = listener()
-    start_daemon(env={"NOTIFY_SOCKET": notify.env_value})
+    d = start_daemon(env={"NOTIFY_SOCKET": notify.env_value})
     eventually(lambda: "READY=1" in _lines(notify.drain()))
-    time.sleep(0.3)
-    assert "WATCHDOG=1" not in _lines(notify.drain())
+    with Client() as c:  # a first ping would come with READY=1, before this claim's status
+        c.claim(mode="dev", gpus=1, owner_pid=d.proc.pid)
+    eventually(lambda: "STATUS=4 GPU(s), 3 free, 1 claim(s)" in _lines(notify.drain()))
+    assert "WATCHDOG=1" not in _lines(notify.received)
 
 
 def _journal_fields(data: bytes) -> dict[str, str]:

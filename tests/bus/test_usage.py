@@ -4,7 +4,6 @@ usage.sqlite in its state directory, `gpuctl usage` reading it back through the 
 import json
 import os
 import subprocess
-import time
 
 import pytest
 
@@ -13,7 +12,7 @@ from resourced.client.sync import Client
 
 from ..conftest import eventually, gpuctl
 from .conftest import CLOCK_TIMEOUT
-from .test_evidence import Simulation, settings
+from .test_evidence import Simulation, settings, swept
 
 HOUR = 3600
 
@@ -51,10 +50,6 @@ def usage(*args) -> list[dict]:
     return json.loads(r.stdout)
 
 
-def looked() -> None:
-    time.sleep(2.2)  # two tracking sweeps (one a second)
-
-
 def test_held_used_and_idle_hours_per_user_and_per_gpu_outlive_a_restart(daemon_on, sim, clock):
     first = daemon_on()
     owner = subprocess.Popen(["sleep", "120"])
@@ -64,9 +59,12 @@ def test_held_used_and_idle_hours_per_user_and_per_gpu_outlive_a_restart(daemon_
             used = c.claim(gpus=1, owner_pid=owner.pid)["allocation"]
             idle = c.claim(gpus=1, owner_pid=owner.pid)["allocation"]
         sim.put(used["gpu_indices"][0], owner.pid)  # a process of the holder on one of them
-        looked()
+        swept(sim, clock)
+        eventually(lambda: {r["mean_utilization_pct"] for r in usage(
+            "--by", "gpu", "--until", "2026-12-01T09:01:00Z")} == {50},
+            what="a load sample of every GPU in the minute from 09:00")
         clock.set("2026-12-01T10:00:00Z")  # an hour later
-        looked()
+        swept(sim, clock)
         with Client() as c:
             c.release(idle["ref"])
         sim.put(used["gpu_indices"][0])
@@ -103,7 +101,7 @@ def test_an_unused_booking_is_booked_and_idle(daemon_on, sim, clock):
         ref = c.book(HOUR, gpus=1, start="2026-12-01T10:00:00Z")["booking"]["id"]
         clock.set("2026-12-01T10:00:00Z")
         eventually(lambda: c.booking(ref)["state"] == "active", CLOCK_TIMEOUT)
-        looked()
+        swept(sim, clock)
         clock.set("2026-12-01T11:00:00Z")
         eventually(lambda: c.booking(ref)["state"] == "ended", CLOCK_TIMEOUT)
 

@@ -72,7 +72,7 @@ def test_quiet_or_not_on_a_terminal_nothing_is_shown(held, quiet):
                                  "true"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         eventually(queued)
-        time.sleep(0.3)
+        time.sleep(0.3)  # proves nothing is drawn while it waits (a terminal's line comes at once)
         with Client() as c:
             c.release(held, force=True)
         out, _ = proc.communicate(timeout=10)

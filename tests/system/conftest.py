@@ -911,7 +911,7 @@ def machine_lock(wait: float = LOCK_WAIT) -> socket.socket:
             if not told:
                 print("waiting for another run of tests/system to finish", file=sys.stderr)
                 told = True
-            time.sleep(0.2)
+            time.sleep(0.05)
 
 
 # -- fixtures -----------------------------------------------------------------------------

@@ -199,4 +199,4 @@ class SlurmCluster:
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}\n{self.logs()}")
-            time.sleep(0.1)
+            time.sleep(0.05)

@@ -85,8 +85,9 @@ def job_ids(slurm) -> list[str]:
 
 
 def test_a_job_is_one_slurm_claim_on_its_two_gpus_while_it_runs(rig, slurm, clean_claims):
-    marker = slurm.dir / "started"
-    job = start_job(slurm, "sh", "-c", f"touch {marker}; sleep 3")
+    marker, finish = slurm.dir / "started", slurm.dir / "finish"
+    job = start_job(slurm, "sh", "-c", f"touch {marker}; i=0; while [ ! -e {finish} ] && "
+                    "[ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done")
     try:
         eventually(marker.exists, 30, what="the job to start")
         started = time.monotonic()
@@ -98,6 +99,7 @@ def test_a_job_is_one_slurm_claim_on_its_two_gpus_while_it_runs(rig, slurm, clea
         eventually(lambda: [c["label"] for c in slurm_claims(rig)] == [f"slurm {job_id} root train.sh"],
                    SOON, what="the job's name on its claim")
         assert (claim["user"], claim["uid"], claim["state"]) == ("root", 0, "granted")
+        finish.touch()  # the job ends
         assert job.wait(30) == 0, job.stderr.read()
         ended = time.monotonic()
         eventually(lambda: slurm_claims(rig) == [], SOON, what="the claim to end with the job")

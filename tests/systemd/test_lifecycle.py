@@ -61,7 +61,7 @@ def test_start_reaches_active_only_after_the_daemons_ready(service):
             ns.systemctl("reset-failed", UNIT)
         else:
             raise AssertionError("the daemon was always ready before it could be held")
-        time.sleep(1.5)
+        time.sleep(1.5)  # proves it stays activating while the daemon cannot send READY
         held = ns.show(UNIT, "ActiveState", "SubState", "MainPID")
         assert (held["ActiveState"], held["SubState"]) == ("activating", "start"), held
         assert held["MainPID"] == str(pid)

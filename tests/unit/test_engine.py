@@ -15,6 +15,8 @@ from resourced.core.ledger import ClaimReleased
 from resourced.daemon.engine.engine import Engine
 from resourced.errors import LimitExceeded
 
+from ..conftest import eventually_async
+
 ME = Caller(uid=os.getuid(), pid=os.getpid())
 USER = Caller(uid=1000, pid=os.getpid())  # another user (only limits are checked before the pid)
 
@@ -143,4 +145,29 @@ def test_root_is_limited_unless_exempt_and_zero_means_no_limit():
                 assert claim.state == "queued"
             engine.settings = DaemonConfig(max_claims_per_user=0, max_waiting_per_user=0)
             engine._check_limits(USER, wait=True, demand=Demand.of(gpus=1))  # no limit: no error
+    run(test)
+
+
+def test_on_a_simulated_clock_a_sweep_runs_as_soon_as_the_clock_moves(monkeypatch):
+    """The sweep's own interval is made an hour: only the clock moving can start one."""
+    from resourced.daemon.engine import tracking
+
+    monkeypatch.setattr(tracking, "TRACK_INTERVAL", 3600.0)
+
+    async def test():
+        clock = ManualClock()
+        engine = Engine(SimulatedBackend(count=1), settings=DaemonConfig(idle_after=60),
+                        clock=clock, poll_clock=True)
+        await engine.start(None)
+        try:
+            claim, _ = await engine.claim(ME, Demand.of(gpus=1), "dev")
+            for _ in range(2):  # the first look opens the idle window, the second closes it
+                clock.advance(61)
+                engine.alarms.run_due()
+                await eventually_async(lambda: engine.tracker._looked == clock(),
+                                       what="a sweep at the time")
+            await eventually_async(lambda: claim.id not in engine.ledger.claims,
+                                   what="the idle claim released")
+        finally:
+            engine.close()
     run(test)

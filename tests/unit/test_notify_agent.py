@@ -353,12 +353,15 @@ def test_a_launch_that_fails_is_logged_not_raised(caplog):
 def test_spawn_detached_returns_at_once_in_a_new_session_and_leaves_no_zombie(tmp_path):
     import time
 
-    done = tmp_path / "done"
+    done, go = tmp_path / "done", tmp_path / "go"
     started = time.monotonic()
-    proc = spawn_detached(["sh", "-c", 'sleep 1; echo "$$" > "$0"', str(done)],
+    script = 'i=0; while [ ! -e "$1" ] && [ $i -lt 500 ]; do sleep 0.02; i=$((i+1)); done'
+    proc = spawn_detached(["sh", "-c", f'{script}; echo "$$" > "$0"', str(done), str(go)],
                           dict(os.environ))
     assert time.monotonic() - started < 0.8       # the agent's loop is not held
+    assert proc.returncode is None                 # the child runs on, unwaited for
     assert os.getsid(proc.pid) == proc.pid         # its own session: no signals of ours
+    go.touch()
     deadline = time.monotonic() + 10
     while not (proc.returncode is not None and not Path(f"/proc/{proc.pid}").exists()):
         assert time.monotonic() < deadline, "the child was not reaped"

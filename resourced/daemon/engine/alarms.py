@@ -34,6 +34,7 @@ class Alarms:
         self._alarm: asyncio.TimerHandle | None = None  # one timer, for the earliest deadline
         self._alarm_for: int | None = None  # the deadline it is set for
         self._pruned = 0
+        self._now: int | None = None  # the simulated clock's now at the last run_due
 
     def close(self) -> None:
         if self._alarm is not None:
@@ -63,8 +64,12 @@ class Alarms:
         (``queue``), a claim's end or a booking's start on what it holds (``until``), the
         warning before either (``warn``), and the calendar's starts and ends.  The alarm
         calls this, and so does every operation before deciding (tests with a manual clock
-        call it after moving the clock)."""
+        call it after moving the clock).  A simulated clock that moved starts a tracking
+        sweep too."""
         now = self.engine.clock()
+        if self.engine.poll_clock and now != self._now:
+            self._now = now
+            self.engine.tracker.clock_moved()
         for kind, claim_id in self.deadlines.due(now):
             if kind == "queue":
                 self._queue_timeout(claim_id)

@@ -3,6 +3,7 @@ release, the tracking sweep that adopts a claim's descendants, pidfd watches, no
 and idle claims, ``verify``."""
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -41,7 +42,8 @@ from .slurm_jobs import job_steps
 log = logging.getLogger("resourced")
 
 TRACK_INTERVAL = 1.0
-"""Seconds between tracking sweeps while claims exist."""
+"""Seconds between tracking sweeps while claims exist (and, on a simulated clock, one
+each time the clock moves)."""
 IDLE_LOOK_INTERVAL = 5.0
 """Seconds at most between two looks at what runs on the GPUs, claims or none: a free GPU
 that runs processes nobody claimed is shown busy within this time."""
@@ -62,6 +64,7 @@ class Tracker:
         self._busy_free: set[str] = set()  # free GPUs last found running strangers' processes
         self.watcher: ExitWatcher | None = None
         self._sweep: asyncio.Task | None = None
+        self._clock_moved = asyncio.Event()  # a simulated clock moved: sweep now
         self._unwatched: set[tuple[str, ProcessRef]] = set()  # to watch again at the next sweep
         self.uses = UseWatch()  # no-show bookings and idle claims
         self.used_usec: dict[str, int] = {}  # claim id -> time its owner was seen using it
@@ -73,6 +76,11 @@ class Tracker:
 
     def start_sweeping(self) -> None:
         self._sweep = asyncio.ensure_future(self._track())
+
+    def clock_moved(self) -> None:
+        """A simulated clock moved: the next sweep runs now, on the new time, not at the
+        end of the interval (a clock that jumps an hour is looked at in that hour)."""
+        self._clock_moved.set()
 
     def close(self) -> None:
         if self._sweep:
@@ -181,7 +189,9 @@ class Tracker:
         what runs on the free ones (``_saw``)."""
         unlooked = IDLE_LOOK_INTERVAL  # (the first sweep looks)
         while True:
-            await asyncio.sleep(TRACK_INTERVAL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._clock_moved.wait(), TRACK_INTERVAL)
+            self._clock_moved.clear()
             unlooked += TRACK_INTERVAL
             try:
                 if self.engine.ledger.claims:
