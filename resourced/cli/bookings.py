@@ -110,9 +110,12 @@ def _request(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task
     if len(set(names)) != len(names):
         raise click.UsageError("give each --pool once, with the whole amount")
     if gpus is not None and named:
-        raise click.UsageError("use --gpus N or --gpu LIST, not both")
-    if named and vram is not None:
-        raise click.UsageError("--gpu books GPUs whole; use --vram without it")
+        if gpus != len(named):
+            raise click.UsageError(f"{gpus} GPU(s) asked and {len(named)} named: use --gpus N "
+                                   "or --gpu LIST")
+        gpus = None  # GPUBK's "bk 1 2h --gpu 1": the count says what the list says
+    if named and vram is not None and len(named) != 1:
+        raise click.UsageError("a share (--vram) goes on one GPU: --gpu NAME --vram 24G")
     nothing = gpus is None and not named and vram is None and ram is None and cpu is None \
         and not pools
     if nothing and default_gpu:

@@ -88,8 +88,11 @@ class BookingRequest:
         check_instant("the end", (self.start_usec or 0) + self.duration_usec)
         if set(self.named) & set(self.excluded):
             raise InvalidRequest("a GPU cannot be both wanted and excluded")
-        if self.named and self.demand.gpus != len(self.named):
-            raise InvalidRequest("named GPUs are booked whole, one each")
+        share = self.demand.gpus == 0 and self.demand.vram > 0
+        if self.named and (len(self.named) != 1 if share else
+                           self.demand.gpus != len(self.named)):
+            raise InvalidRequest("named GPUs are booked whole, one each (or one named GPU "
+                                 "holds a share: --gpu 1 --vram 24G)")
         check_text("label", self.label)
         check_text("task name", self.task_name)
 

@@ -233,3 +233,28 @@ def test_with_no_session_bus_the_daemon_says_how_to_get_one():
                        capture_output=True, text=True, timeout=30, check=False)
     assert r.returncode != 0
     assert "there is no session bus here" in r.stderr and "dbus-run-session -- bash" in r.stderr
+
+
+# --- rule 2: one request vocabulary ----------------------------------------------------------
+
+
+def test_a_share_on_a_named_gpu_is_booked_as_gpubk_books_it(clocked_daemon):
+    """GPUBK's `bk 1 2h --gpu 1 --mem 24g`: 24G of GPU 1, for 2 hours."""
+    clocked_daemon(gpus=4)
+    r = gpuctl("book", "1", "2h", "--gpu", "1", "--vram", "24G", "--json")
+    assert r.returncode == 0, r.stderr
+    booking = json.loads(r.stdout)["booking"]
+    assert (booking["gpu_indices"], booking["vram_bytes"], booking["shared"]) == ([1], 24 << 30,
+                                                                                 True)
+    assert hours(booking) == 2.0
+    again = json.loads(gpuctl("book", "2h", "--gpu", "1", "--vram", "24G", "--json").stdout)
+    assert again["booking"]["gpu_indices"] == [1]  # beside the first: 48G of its 80G
+
+
+@pytest.mark.parametrize("command", [["run", "--", "true"], ["claim", "--owner-pid", "1"],
+                                     ["book", "--for", "1h"]])
+def test_more_gpus_than_there_are_exits_3_on_every_command(clocked_daemon, command):
+    clocked_daemon(gpus=4)
+    at = command.index("--") if "--" in command else len(command)
+    r = gpuctl(*command[:at], "--gpus", "5", *command[at:])
+    assert r.returncode == 3, (command, r.returncode, r.stderr)

@@ -50,7 +50,9 @@ def booking_request(options: dict, gpu_uuid,
         old.excluded if old else ())
     if "GPUNames" in opts and len(set(named)) != len(named):
         raise InvalidRequest("a GPU is named twice")
-    gpus = opts.get("GPUs", len(named) if "GPUNames" in opts else old.demand.gpus if old else 0)
+    share_on_named = "GPUNames" in opts and "VRAMBytes" in opts  # a share on that GPU
+    gpus = opts.get("GPUs", 0 if share_on_named else len(named) if "GPUNames" in opts
+                    else old.demand.gpus if old else 0)
     vram = opts.get("VRAMBytes", old.demand.vram if old else 0)
     if "GPUs" in opts or "GPUNames" in opts:
         vram = opts.get("VRAMBytes", 0)
