@@ -92,6 +92,7 @@ class ClaimRequest:
     reply_to: str = ""  # who is told a queued claim's outcome (a bus name; "" = everyone)
     reply_serial: int = 0  # the serial of reply_to's call that made it (0: unknown)
     isolated: bool = False  # its processes are confined to its GPUs (systemd scope)
+    on: tuple[str, ...] = ()  # the GPUs it may be placed on (named, or all but excluded)
 
     def __post_init__(self):
         if self.mode not in MODES:

@@ -251,7 +251,7 @@ class Ledger:
         """
         if claim_id in self.claims:
             raise InvalidRequest(f"claim id {claim_id!r} is taken")
-        never_fits(self, request.demand)
+        never_fits(self, request.demand, request.on)
         self._seq += 1
         claim = Claim(
             id=claim_id, mode=request.mode, demand=request.demand, owner=request.owner,
@@ -263,7 +263,7 @@ class Ledger:
             end_usec=request.end_usec, session=request.session,
             reply_to=request.reply_to if wait else "",
             reply_serial=request.reply_serial if wait else 0,
-            isolated=request.isolated,
+            isolated=request.isolated, on=request.on,
         )
         if not wait and not self.waiting and busy is not None:
             # Nobody waits: the walk would visit this claim alone and grant it where it

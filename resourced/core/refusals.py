@@ -14,9 +14,17 @@ from .claims import Claim, Demand
 from .pools import format_amount
 
 
-def never_fits(ledger, d: Demand) -> None:
+def never_fits(ledger, d: Demand, on: tuple[str, ...] = ()) -> None:
     """Raise when ``d`` could never be granted here, whatever is released: it asks more
-    than the machine has."""
+    than the machine has (or than the GPUs ``on``, when it may go only there)."""
+    if on:
+        ours = [u for u in on if u not in ledger.slurm]
+        if d.gpus > len(ours):
+            raise NotEnoughGPUs(f"{d.gpus} GPU(s) requested, {len(ours)} may be used")
+        biggest = max((ledger.gpus[u].memory_bytes for u in ours), default=0)
+        if d.vram > biggest:
+            raise NotEnoughCapacity(f"{format_amount(d.vram, 'bytes')} of VRAM requested, the "
+                                    f"largest GPU it may use has {format_amount(biggest, 'bytes')}")
     ours = len(ledger.gpus) - len(ledger.slurm)
     if d.gpus > ours:
         slurm = f" besides the {len(ledger.slurm)} Slurm schedules" if ledger.slurm else ""
@@ -43,6 +51,9 @@ def short_now(ledger, claim: Claim, busy: frozenset[str]) -> ResourcedError:
     free_view = ledger.view(busy)
     for waiter in ahead:  # all blocked: what they reserve is not free for this one
         free_view.reserve(waiter.demand)
+    if claim.on:  # it may go only there: the rest is not free for it
+        free_view.free = [u for u in free_view.free if u in claim.on]
+        free_view.vram = {u: n for u, n in free_view.vram.items() if u in claim.on}
     d = claim.demand
     after = f" ({len(ahead)} waiting claim(s) ahead of it)" if ahead else ""
     if len(free_view.free) < d.gpus:

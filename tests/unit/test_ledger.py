@@ -808,3 +808,30 @@ def test_request_demand_and_process_ref_are_frozen():
         r.demand.gpus = 0
     with pytest.raises(dataclasses.FrozenInstanceError):
         OWNER.pid = 1
+
+
+# -- a claim placed on named GPUs, or off excluded ones ----------------------------------------
+
+
+def test_a_claim_goes_only_on_the_gpus_it_may_use():
+    ledger = Ledger(inventory(4, memory=80 * GIB))
+    on = dataclasses.replace(request(gpus=1), on=(uuid(2),))
+    grant(ledger, on, "c1")
+    assert ledger.get("c1").gpus == (uuid(2),)
+    assert isinstance(refusal(ledger, on, "c2"), NotEnoughGPUs)  # its one GPU is taken
+    share = dataclasses.replace(request(gpus=0, vram=20 * GIB), on=(uuid(3),))
+    grant(ledger, share, "c3")
+    assert ledger.get("c3").gpus == (uuid(3),)
+    off = dataclasses.replace(request(gpus=1), on=(uuid(0), uuid(2), uuid(3)))  # not GPU-01
+    grant(ledger, off, "c4")
+    assert ledger.get("c4").gpus == (uuid(0),)
+    ledger.check_invariants()
+
+
+def test_more_than_the_gpus_it_may_use_never_fits():
+    ledger = Ledger(inventory(4, memory=80 * GIB))
+    error = refusal(ledger, dataclasses.replace(request(gpus=2), on=(uuid(1),)), "c1")
+    assert isinstance(error, NotEnoughGPUs) and "1 may be used" in str(error)
+    big = dataclasses.replace(request(gpus=0, vram=81 * GIB), on=(uuid(1),))
+    assert isinstance(refusal(ledger, big, "c2"), NotEnoughCapacity)
+    assert ledger.claims == {}

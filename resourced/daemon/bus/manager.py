@@ -91,7 +91,7 @@ CLAIM_OPTIONS = {
     "Mode": "s", "OwnerPID": "u", "MemberPIDs": "au", "Label": "s", "TaskName": "s",
     "VRAMBytes": "t", "Pools": "a{st}", "Priority": "i", "Wait": "b",
     "QueueTimeoutUSec": "t", "Reclaimable": "b", "DurationUSec": "t", "Session": "s",
-    "DryRun": "b", "ReplyWhenGranted": "b", "Isolate": "b",
+    "DryRun": "b", "ReplyWhenGranted": "b", "Isolate": "b", "GPUNames": "as", "Exclude": "as",
 }
 RELEASE_FLAGS = RELEASE_FORCE | RELEASE_DRY_RUN
 JOB_OPTIONS = {"UID": "u", "Name": "s"}
@@ -228,6 +228,7 @@ class ManagerInterface(Interface):
                 and caller.uid != 0:  # only an administrator runs unconfined here
             await self.authority.check(call, caller.uid, MANAGE, {"isolate": "false"})
         timeout = opts.get("QueueTimeoutUSec")
+        on = self._placed_on(gpus, opts)
         claim, warnings = await self.engine.claim(
             caller,
             Demand.of(gpus, opts.get("VRAMBytes", 0), opts.get("Pools", {})),
@@ -245,6 +246,7 @@ class ManagerInterface(Interface):
             dry_run=opts.get("DryRun", False),
             call_serial=call.serial,
             isolate=opts.get("Isolate"),
+            on=on,
         )
         if opts.get("DryRun"):  # no claim was made: no reference, no object
             return ["", "/", self.view.grant(claim, warnings, dry_run=True)]
@@ -252,6 +254,24 @@ class ManagerInterface(Interface):
             self.held.hold(claim.id, call, warnings)  # answered by _tell_waiter
             return REPLY_LATER
         return [claim.id, claim_path(claim.id), self.view.grant(claim, warnings)]
+
+    def _placed_on(self, gpus: int, opts: dict) -> tuple[str, ...]:
+        """The GPUs a claim may go on, from GPUNames (those, whole; or the one of a VRAM
+        share) and Exclude (all but those), as Book reads them; () for any."""
+        ledger = self.engine.ledger
+        named = tuple(dict.fromkeys(ledger.gpu_by_name(n).uuid for n in opts.get("GPUNames", ())))
+        excluded = {ledger.gpu_by_name(n).uuid for n in opts.get("Exclude", ())}
+        if len(named) != len(opts.get("GPUNames", ())):
+            raise InvalidRequest("a GPU is named twice")
+        if set(named) & excluded:
+            raise InvalidRequest("a GPU cannot be both wanted and excluded")
+        share = gpus == 0 and opts.get("VRAMBytes", 0) > 0
+        if named and (len(named) != 1 if share else gpus != len(named)):
+            raise InvalidRequest("named GPUs are claimed whole, one each (or one named GPU "
+                                 "holds a share: --gpu 1 --vram 24G)")
+        if excluded:
+            return tuple(u for u in ledger.gpus if u not in excluded)
+        return named
 
     @dbus_method()
     @bus_errors

@@ -239,7 +239,8 @@ class Engine:
                     timeout: float | None = None, reclaimable: bool = False,
                     duration: float | None = None, session: str | None = None,
                     dry_run: bool = False, call_serial: int = 0,
-                    isolate: bool | None = None) -> tuple[Claim, list[str]]:
+                    isolate: bool | None = None, on: tuple[str, ...] = ()
+                    ) -> tuple[Claim, list[str]]:
         """Grant ``demand`` all or nothing, or queue it (``wait``); returns the claim (granted
         or queued) and any warnings.
 
@@ -254,7 +255,8 @@ class Engine:
         it answers (granted, or queued) was never made, and nothing else changed.
         ``call_serial``: the serial of the caller's bus call, kept with a waiting claim
         for ``claim_of_call``.  ``isolate``: whether its processes are to be confined to
-        its GPUs (``confine``); None: as the configuration says."""
+        its GPUs (``confine``); None: as the configuration says.  ``on``: the GPUs it may
+        be placed on (() : any)."""
         self._check_limits(caller, wait, demand)
         isolated = self.isolated(isolate, mode)
         if mode not in MODES:
@@ -287,7 +289,7 @@ class Engine:
                                    queue_deadline_usec=deadline, session=session,
                                    reply_to=caller.bus_name, reply_serial=call_serial,
                                    end_usec=0 if duration is None else now + int(duration * 1e6),
-                                   isolated=isolated)
+                                   isolated=isolated, on=on)
             busy, warnings = frozenset(), []
             if self._needs_evidence(demand):  # again: a waiter for GPUs may have come since
                 busy, warnings = self.tracker.busy_gpus(await self.probe.processes(look))
