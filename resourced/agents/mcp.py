@@ -204,6 +204,11 @@ def build_server(link: Bus | None = None):
         except ResourcedError as exc:
             return failed(exc)
 
+    def changed(booking: dict, dry_run: bool) -> dict:
+        """A change's answer, in book's shape (gpuctl's --json too): status and booking."""
+        return {"status": "dry-run" if dry_run else "changed",
+                "booking": agent_context.with_times(booking)}
+
     async def once(op_id: str, request: dict, fn, dry_run: bool) -> CallToolResult:
         """The same, once per operation id (``Bus.once``)."""
         try:
@@ -347,18 +352,19 @@ def build_server(link: Bus | None = None):
                          "now)."))] = None,
                      dry_run: DryRun = False) -> Answer:
         """Move one of my bookings' end: by a duration, or until a time (give exactly one).
-        Refused when the longer window does not fit."""
-        return await ask(lambda c: agent_context.with_times(c.extend(booking, by=by, until=until,
-                                                       op_id=operation_id, dry_run=dry_run)))
+        Refused when the longer window does not fit. Answers as book does: the status
+        (changed, dry-run) and the booking."""
+        return await ask(lambda c: changed(c.extend(booking, by=by, until=until,
+                                                    op_id=operation_id, dry_run=dry_run), dry_run))
 
     @tool(removing)
     async def cancel(operation_id: OpId, booking: Ref,
                      reason: Annotated[str, Field(description="Why (kept with it).")] = "",
                      dry_run: DryRun = False) -> Answer:
         """End one of my bookings now (a scheduled one never starts; an active one ends and
-        its claim with it)."""
-        return await ask(lambda c: agent_context.with_times(c.cancel(booking, reason=reason,
-                                                       op_id=operation_id, dry_run=dry_run)))
+        its claim with it). Answers as book does: the status and the booking."""
+        return await ask(lambda c: changed(c.cancel(booking, reason=reason, op_id=operation_id,
+                                                    dry_run=dry_run), dry_run))
 
     @tool(reading, name="list")
     async def list_mine() -> Answer:

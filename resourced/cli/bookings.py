@@ -382,7 +382,7 @@ def edit(ref, gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, tas
         if not changes:
             raise click.UsageError("nothing to change: give --at, --for, --gpus, ...")
         booking = c.edit(ref, **changes, dry_run=dry_run)
-    _show_one(booking, as_json, dry_run)
+    _show_one(booking, as_json, dry_run, status="changed")
 
 
 @click.command()
@@ -404,7 +404,7 @@ def extend(ref, by, until, op_id, dry_run, bus, as_json):
     with client(bus) as c:
         booking = c.extend(ref, by=by, until=None if until is None else until / 1e6, op_id=op_id,
                            dry_run=dry_run)
-    _show_one(booking, as_json, dry_run)
+    _show_one(booking, as_json, dry_run, status="changed")
 
 
 @click.command()
@@ -431,10 +431,11 @@ def cancel(refs, reason, op_id, dry_run, bus, as_json):
     def one(ref):
         asked = now_usec()
         booking = c.cancel(ref, reason, op_id=op_id, dry_run=dry_run)
-        if booking["ended"] == "cancelled" and 0 < booking["ended_usec"] < asked:
+        again = booking["ended"] == "cancelled" and 0 < booking["ended_usec"] < asked
+        if again:
             click.echo(f"gpuctl: {ref} was cancelled already, {_when(booking['ended_usec'])} "
                        "(nothing changed)", err=True)
-        _show_one(booking, as_json, dry_run)
+        _show_one(booking, as_json, dry_run, status="unchanged" if again else "changed")
 
     with client(bus) as c:
         for_each_ref(refs, one)
@@ -646,10 +647,17 @@ def timeline(span, hours, width, bus, as_json):
 
 
 # -- shown -------------------------------------------------------------------------------
-def _show_one(booking: dict, as_json: bool, dry_run: bool = False) -> None:
+def _show_one(booking: dict, as_json: bool, dry_run: bool = False,
+              status: str | None = None) -> None:
+    """One booking: with --json, a read answers its record (as an item of bookings --json)
+    and a change answers as book does, {status, booking}: changed, unchanged (a cancel
+    its owner repeated) or dry-run."""
     if as_json:
-        emit_json({"schema": JSON_SCHEMA, **with_times(booking),
-                   **({"dry_run": True} if dry_run else {})})
+        if status is None:
+            emit_json({"schema": JSON_SCHEMA, **with_times(booking)})
+        else:
+            emit_json({"schema": JSON_SCHEMA, "status": "dry-run" if dry_run else status,
+                       "booking": with_times(booking)})
         return
     where = ", ".join(f"gpu{i}" for i in booking["gpu_indices"]) or "pools"
     state = booking["state"] if booking["state"] != "ended" else booking["ended"]

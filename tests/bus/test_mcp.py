@@ -143,9 +143,10 @@ def test_extend_and_cancel_a_booking_with_operation_ids(clocked_daemon):
         return longer, replay, both, gone
 
     longer, replay, both, gone = session(scenario)
-    assert longer["end"] == replay["end"] == "2026-12-01T11:30:00Z"   # moved once
+    assert longer["booking"]["end"] == replay["booking"]["end"] == "2026-12-01T11:30:00Z"
+    assert longer["status"] == "changed"   # as book's answer, and gpuctl extend --json
     assert both.startswith("InvalidArgs: ")
-    assert gone["state"] == "ended"
+    assert gone["booking"]["state"] == "ended"
 
 
 def test_claim_replay_and_release(clocked_daemon):
