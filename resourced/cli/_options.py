@@ -1,7 +1,5 @@
 """Option bundles shared by gpuctl's commands."""
 
-import json
-
 import click
 
 
@@ -67,6 +65,7 @@ def emit_json(data) -> None:
     indenting encoder is pure Python: 10 times slower on a status of 10,000 claims).
     ``data`` may also be JSON text already in that one-line form (``Describe``'s): it is
     then passed on as it is, not read and written again."""
+    import json
     import sys
 
     if sys.stdout.isatty():
