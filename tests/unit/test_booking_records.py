@@ -56,6 +56,13 @@ def test_the_listed_text_is_what_gpuctl_bookings_json_prints():
     assert listed[0] == with_times(booking_fields(b, GPUS))
 
 
+def test_an_array_of_none_or_one_is_json_too():
+    texts, b = BookingTexts(), booking()
+    assert texts.array([], GPUS, {}, None) == "[]"
+    assert texts.array([b], GPUS, {}, None) == json.dumps([booking_fields(b, GPUS)],
+                                                          sort_keys=True)
+
+
 def test_a_changed_booking_is_encoded_again():
     texts = BookingTexts()
     texts.array([booking()], GPUS, {}, None)

@@ -139,7 +139,11 @@ class BookingTexts:
                 text = json.dumps(booking_fields(b, gpus), sort_keys=True)
                 cached = texts[b.id] = (b, text)
             parts.append(cached[1] if b.id not in claims else _live(cached[1], *claim_of(b)))
-        return "[" + ", ".join(parts) + "]"
+        if not parts:
+            return "[]"
+        parts[0] = "[" + parts[0]  # brackets on the ends: the one join is the only copy
+        parts[-1] += "]"
+        return ", ".join(parts)
 
     def forget_missing(self, known: dict) -> None:
         """Drop the texts of bookings the calendar no longer has."""
