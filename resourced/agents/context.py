@@ -7,9 +7,9 @@ none of them changes anything.  Imports are made where they are used, so that lo
 module costs the CLI nothing it does not use.
 """
 
-import functools
 import os
-import time
+
+from resourced.protocol.records import iso_utc
 
 SCHEMA = 3
 """The version of ``agent context --json``: keys are added, never changed, within one.
@@ -39,17 +39,6 @@ HISTORY = 7 * 86400
 HISTORY_KEYS = ("claims", "bookings", "held_gpu_hours", "used_gpu_hours", "idle_gpu_hours",
                 "booked_gpu_hours", "booked_idle_gpu_hours")
 """What ``usage`` says of my history (a row of ``gpuctl usage --json``; 0 for none)."""
-
-
-def iso_utc(usec: int) -> str:
-    """ISO 8601 in UTC, to the second, as ``gpuctl ... --json`` prints times
-    (time.strftime: 10 times datetime's speed, which shows with thousands of records)."""
-    return _iso_second(usec // 1_000_000)
-
-
-@functools.lru_cache(maxsize=4096)
-def _iso_second(second: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second))
 
 
 def with_times(item: dict) -> dict:

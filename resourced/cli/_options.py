@@ -1,7 +1,5 @@
 """Option bundles shared by gpuctl's commands."""
 
-import json
-
 import click
 
 BUSES = ("session", "system", "shared")
@@ -133,14 +131,20 @@ def emit_json(data) -> None:
     """Sorted keys; indented for a person at a terminal, one line for a program (the
     indenting encoder is pure Python: 10 times slower on a status of 10,000 claims).
     ``data`` may also be JSON text already in that one-line form (``Describe``'s): it is
-    then passed on as it is, not read and written again."""
+    then passed on as it is, not read and written again: as bytes (it is ASCII), which
+    click writes without scanning them for colour codes (megabytes of a listing)."""
     import sys
+
+    if isinstance(data, str) and not sys.stdout.isatty():
+        click.echo(data.encode())
+        return
+    import json
 
     if sys.stdout.isatty():
         click.echo(json.dumps(json.loads(data) if isinstance(data, str) else data,
                               indent=2, sort_keys=True))
     else:
-        click.echo(data if isinstance(data, str) else json.dumps(data, sort_keys=True))
+        click.echo(json.dumps(data, sort_keys=True))
 
 
 def client(bus: str | None):

@@ -311,14 +311,15 @@ def bookings(refs, all_users, since, bus, as_json):
         with client(bus) as c:
             for_each_ref(refs, lambda ref: _show_one(c.booking(ref), as_json))
         return
+    since = None if since is None else since / 1e6
     with client(bus) as c:
-        found = c.bookings(all_users=all_users, since=None if since is None else since / 1e6,
-                           limit=None if as_json else MAX_ROWS + 1)
+        if as_json:  # the daemon's text is what --json prints: passed on unread
+            emit_json(c.bookings_json(all_users=all_users, since=since, until=None, offset=0,
+                                      limit=None))
+            return
+        found = c.bookings(all_users=all_users, since=since, limit=MAX_ROWS + 1)
         units = {p["name"]: p["unit"] for p in c.status()["pools"]} \
-            if not as_json and any(b["pools"] for b in found) else {}
-    if as_json:
-        emit_json([with_times(b) for b in found])
-        return
+            if any(b["pools"] for b in found) else {}
     if not found:
         click.echo("no bookings" + ("" if all_users else " of yours (--all shows everyone's)"))
         return

@@ -1,6 +1,5 @@
 """gpuctl status and free: who holds what, and how much is left."""
 
-import json
 import time
 
 import click
@@ -143,6 +142,8 @@ def status(bus, as_json):
     if as_json:
         emit_json(text)
     else:
+        import json
+
         echo_table(render_status(json.loads(text), now_usec() / 1e6))
 
 

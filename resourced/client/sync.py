@@ -704,9 +704,14 @@ class Client(_Base):
         day ago), by start."""
         import json
 
+        return json.loads(self.bookings_json(all_users, since, until, offset, limit))
+
+    def bookings_json(self, all_users: bool = False, since=None, until=None, offset: int = 0,
+                      limit: int | None = None) -> str:
+        """``bookings()`` as the daemon sends it: JSON text, keys sorted."""
         from . import bookings as b
 
-        return json.loads(self._send(b.list_message(all_users, since, until, offset, limit))[0])
+        return self._send(b.list_message(all_users, since, until, offset, limit))[0]
 
     def booking(self, ref: str) -> dict:
         from . import bookings as b

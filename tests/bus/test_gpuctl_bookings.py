@@ -21,6 +21,7 @@ import sys
 import pytest
 
 from resourced.client.sync import Client
+from resourced.protocol.records import BOOKING
 
 from ..conftest import eventually, gpuctl
 from .conftest import CLOCK_TIMEOUT, NOW, at
@@ -331,9 +332,10 @@ def test_bookings_json_lists_records_with_sorted_keys(clocked_daemon):
         at("2026-12-01T11:00:00Z"))
     assert (b["user"], b["uid"], b["state"], b["gpus"], b["label"], b["gpu_indices"]) == (
         "root", 0, "scheduled", 2, "x", [0, 1])
+    assert set(b) == {f.key for f in BOOKING}
     with Client(timeout=5) as c:
-        assert [{k: v for k, v in x.items() if k not in ("start", "end")} for x in found] \
-            == c.bookings()
+        assert found == c.bookings()
+        assert ok("bookings", "--json") == c.bookings_json() + "\n"   # the daemon's, unread
 
 
 def test_bookings_table_shows_50_rows_then_says_there_are_more(clocked_daemon):

@@ -16,7 +16,7 @@ from resourced.core.calendar import Blackout, Booking, BookingRequest, Notice
 from resourced.core.claims import Demand
 from resourced.errors import InvalidRequest
 from resourced.protocol.names import USER_IFACE
-from resourced.protocol.records import BLACKOUT, BOOKING, NOTICE, Field
+from resourced.protocol.records import BLACKOUT, BOOKING, NOTICE, Field, iso_utc
 
 from .interface import Interface
 from .options import parse_options
@@ -99,6 +99,7 @@ def booking_fields(b: Booking, gpus: dict, claim_state: str = "",
         "claim_state": claim_state, "waiting_for": list(waiting_for), "session": b.session,
         "job": b.job, "job_exit": b.job_exit, "job_detail": b.job_detail,
         "isolated": b.request.isolate,
+        "start": iso_utc(b.start_usec), "end": iso_utc(b.end_usec),
     }
 
 
@@ -112,21 +113,39 @@ def booking_record(fields: dict) -> dict:
     return wire_record(BOOKING, fields)
 
 
+_IDLE_HEAD, _IDLE_TAIL = '{"claim_state": "", ', ', "waiting_for": []}'
+
+
+def _live(text: str, claim_state: str, waiting_for: list[str]) -> str:
+    """A booking's kept text (without a claim) with its claim's state and what it waits
+    for: the two keys sort first and last, so the middle stays in order."""
+    middle = text[len(_IDLE_HEAD):-len(_IDLE_TAIL)]
+    return f'{{"claim_state": "{claim_state}", {middle}, "waiting_for": {json.dumps(waiting_for)}}}'
+
+
 class BookingTexts:
-    """Each booking's JSON, kept until the booking changes (records are immutable: a
-    changed booking is another object), so listing 5,000 bookings encodes none again."""
+    """Each booking's JSON as ``gpuctl bookings --json`` prints it (keys sorted), kept
+    until the booking changes (records are immutable: a changed booking is another
+    object), so listing 5,000 bookings encodes none again and gpuctl prints it unread."""
 
     def __init__(self):
         self._texts: dict[str, tuple[Booking, str]] = {}
 
-    def text(self, b: Booking, gpus: dict, claim_state: str, waiting_for: list[str]) -> str:
-        cached = self._texts.get(b.id)
-        if cached is None or cached[0] is not b:
-            fields = booking_fields(b, gpus)
-            del fields["claim_state"], fields["waiting_for"]
-            cached = self._texts[b.id] = (b, json.dumps(fields)[:-1])
-        return (f'{cached[1]}, "claim_state": "{claim_state}", '
-                f'"waiting_for": {json.dumps(waiting_for)}}}')
+    def array(self, page: list[Booking], gpus: dict, claims: dict, claim_of) -> str:
+        """The JSON array of ``page``; ``claim_of(b)`` (its claim's state, the claims it
+        waits for) is asked only of a booking with a claim in ``claims``."""
+        texts, parts = self._texts, []
+        for b in page:
+            cached = texts.get(b.id)
+            if cached is None or cached[0] is not b:
+                text = json.dumps(booking_fields(b, gpus), sort_keys=True)
+                cached = texts[b.id] = (b, text)
+            parts.append(cached[1] if b.id not in claims else _live(cached[1], *claim_of(b)))
+        if not parts:
+            return "[]"
+        parts[0] = "[" + parts[0]  # brackets on the ends: the one join is the only copy
+        parts[-1] += "]"
+        return ", ".join(parts)
 
     def forget_missing(self, known: dict) -> None:
         """Drop the texts of bookings the calendar no longer has."""

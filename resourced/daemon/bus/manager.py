@@ -507,7 +507,7 @@ class ManagerInterface(Interface):
         page = found[offset: offset + opts["Limit"]] if "Limit" in opts else found[offset:]
         gpus = self.engine.ledger.gpus
         self._texts.forget_missing(self.engine.calendar.bookings)
-        return "[" + ", ".join(self._texts.text(b, gpus, *self._claim_of(b)) for b in page) + "]"
+        return self._texts.array(page, gpus, self.engine.ledger.claims, self._claim_of)
 
     @dbus_method()
     @bus_errors

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import pwd
+from operator import attrgetter
 
 from resourced.config import DaemonConfig
 from resourced.core.calendar import (
@@ -183,7 +184,7 @@ class Bookings:
                        if (uid is None or b.uid == uid)
                        and (b.state != ENDED or b.ended_usec >= since)
                        and (until_usec is None or b.start_usec < until_usec)),
-                      key=lambda b: (b.start_usec, b.id))
+                      key=attrgetter("start_usec", "id"))
 
     def get(self, booking_id: str) -> Booking:
         booking = self.engine.calendar.bookings.get(booking_id)
