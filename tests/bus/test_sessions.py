@@ -421,8 +421,9 @@ def test_stop_of_a_session_that_holds_nothing_is_refused_naming_those_that_do(da
 
     for args in (["--session", "nobody"], ["--session", "nobody", "--json"]):
         r = gpuctl("stop", *args)
-        assert (r.returncode, r.stdout) == (6, "")
+        assert r.returncode == 6
         assert "no session 'nobody' holds anything (sessions: A;" in one_gpuctl_line(r.stderr)
+    assert json.loads(r.stdout)["error"]["code"] == "NoSuchClaim"  # (--json: as JSON too)
     assert set(claims()) == {ref}
 
 
