@@ -639,8 +639,11 @@ def timeline(span, hours, width, bus, as_json):
                  "start_usec": b["start_usec"], "end_usec": b["end_usec"], "kind": "booking",
                  "shared": b["shared"]} for b in found if b["state"] != "ended"]
     if as_json:
+        alias = {g["uuid"]: g["alias"] for g in state["gpus"]}
         emit_json({"schema": JSON_SCHEMA, "now_usec": now, "until_usec": end,
-                   "gpus": state["gpus"], "entries": entries})
+                   "gpus": state["gpus"],  # (as status: an entry's gpus are aliases, as a claim's)
+                   "entries": [{**e, "gpus": [alias.get(u, u) for u in e["gpus"]],
+                                "gpu_uuids": e["gpus"]} for e in entries]})
         return
     gpus = [{"index": g["index"], "uuid": g["uuid"], "label": g["alias"]} for g in state["gpus"]]
     columns = width or min(shutil.get_terminal_size((100, 24)).columns, 200)

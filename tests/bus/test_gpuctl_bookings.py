@@ -728,7 +728,8 @@ def test_timeline_json(clocked_daemon):
     assert [g["index"] for g in data["gpus"]] == [0, 1]
     uuid1 = data["gpus"][1]["uuid"]
     assert data["entries"] == [{
-        "id": ref, "user": "root", "gpus": [uuid1], "kind": "booking", "shared": False,
+        "id": ref, "user": "root", "gpus": ["gpu1"], "gpu_uuids": [uuid1], "kind": "booking",
+        "shared": False,
         "start_usec": at("2026-12-01T10:00:00Z"), "end_usec": at("2026-12-01T11:00:00Z"),
     }]
     refused("timeline", "--width", "20", code=2)
