@@ -15,7 +15,8 @@ SCHEMA = 3
 """The version of ``agent context --json``: keys are added, never changed, within one.
 2: ``next`` has the fixed keys ``one_gpu`` and ``all_gpus`` (1 named them by shape).
 3: ``health.checks`` is a list of {name, level}, as in ``status --json`` (2: a dict);
-``me.owner_pid``; ``commands.release`` names the claim as the argument."""
+``me.owner_pid``; ``commands.release`` names the claim as the argument; a ``next`` place
+says ``duration_usec``, as every other span (2: ``duration_s``)."""
 
 CLAIM_KEYS = ("id", "mode", "state", "gpus", "gpu_indices", "vram_bytes", "pools", "until_usec",
               "until_booking", "task_name", "label", "session")
@@ -133,12 +134,12 @@ def lasting_owner() -> int | None:
 
 
 def next_place(gpus: int, slot: dict | None) -> dict:
-    """One of the context's ``next`` places: ``gpus`` GPUs for ``duration_s``, at the
+    """One of the context's ``next`` places: ``gpus`` GPUs for ``duration_usec``, at the
     earliest ``start`` (it and the rest None where it fits nowhere within the booking
     horizon)."""
     where = with_times(slot) if slot else dict.fromkeys(
         ("start", "end", "start_usec", "end_usec", "gpu_indices"))
-    return {"gpus": gpus, "duration_s": NEXT_FOR, **where}
+    return {"gpus": gpus, "duration_usec": NEXT_FOR * 1_000_000, **where}
 
 
 def my_session() -> str:

@@ -1,7 +1,8 @@
 """Times as people type them on the command line, and as tables show them.
 
 ``parse_duration`` reads spans (``30s``, ``2h30m``, ``1d``, ``1w``, Slurm's ``2:00:00``) as
-float seconds, and ``duration_seconds`` also a number of seconds (configuration, Python);
+float seconds (where a number is also seconds, the configuration and Python, the caller
+takes it as it is);
 ``parse_when`` reads moments (``now``, ``+30m``, ``20:00``, ``tomorrow 09:00``,
 ``mon 09:00``, ISO 8601) relative to an aware ``now`` in the user's zone;
 ``format_when`` and ``format_span`` write them back short.  ``usec`` and ``moment``
@@ -14,8 +15,8 @@ import math
 import re
 from datetime import UTC, datetime, time, timedelta, tzinfo
 
-__all__ = ["DURATION_FORMS", "EPOCH", "duration_seconds", "format_span", "format_when", "moment",
-           "parse_duration", "parse_when", "usec"]
+__all__ = ["DURATION_FORMS", "EPOCH", "format_span", "format_when", "moment", "parse_duration",
+           "parse_when", "usec"]
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_USEC = timedelta(microseconds=1)
@@ -91,18 +92,6 @@ def parse_duration(text: str) -> float:
     if seconds is None or not math.isfinite(seconds):
         raise ValueError(f"expected a duration like {DURATION_FORMS}, not {text!r}")
     return seconds
-
-
-def duration_seconds(value) -> float:
-    """Seconds from a configuration file or Python: a number is seconds (the predecessor's
-    files say ``sample_interval = 30``), a string takes ``parse_duration``'s grammar."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected seconds or a duration like {DURATION_FORMS}, not {value!r}")
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        return parse_duration(value)
-    raise ValueError(f"expected seconds or a duration like {DURATION_FORMS}, not {value!r}")
 
 
 def parse_when(text: str, now: datetime) -> datetime:

@@ -61,7 +61,7 @@ def test_context_says_what_i_hold_what_is_free_and_when_next(agent_env):
     assert set(data["next"]) == {"one_gpu", "all_gpus"}  # whatever the machine's GPU count
     for name, gpus in (("one_gpu", 1), ("all_gpus", 2)):
         place = data["next"][name]
-        assert (place["gpus"], place["duration_s"]) == (gpus, 3600)
+        assert (place["gpus"], place["duration_usec"]) == (gpus, 3600 * 10**6)
         assert (place["start"], place["end"]) == ("2026-12-01T10:30:00Z", "2026-12-01T11:30:00Z")
     assert data["limits"]["max_claims_per_user"] == 1024
     assert "--owner-pid" in data["commands"]["claim"]

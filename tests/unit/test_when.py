@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 from resourced.cli._options import Duration
 from resourced.protocol.when import (
     EPOCH,
-    duration_seconds,
     format_span,
     format_when,
     moment,
@@ -83,18 +82,6 @@ def test_a_bare_number_is_refused_with_the_forms(text):
 def test_minutes_and_seconds_are_refused_as_unclear():
     with pytest.raises(ValueError, match=r"2:00 is minutes:seconds to Slurm .* say 2:00:00"):
         parse_duration("2:00")
-
-
-@pytest.mark.parametrize("value, seconds", [(30, 30.0), (2.5, 2.5), ("2d", 172800.0),
-                                            ("1:30:00", 5400.0)])
-def test_configuration_and_python_take_numbers_as_seconds(value, seconds):
-    assert duration_seconds(value) == seconds
-
-
-@pytest.mark.parametrize("value", [True, None, "30", [1]])
-def test_configuration_and_python_refuse_what_is_not_a_span(value):
-    with pytest.raises(ValueError, match="30m, 2h"):
-        duration_seconds(value)
 
 
 def test_parse_duration_names_the_input():
