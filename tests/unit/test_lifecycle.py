@@ -5,6 +5,7 @@ import ast
 
 import pytest
 
+from resourced.core.ledger import Ledger
 from resourced.core.lifecycle import (
     ACTIVE,
     BOOKING,
@@ -18,7 +19,6 @@ from resourced.core.lifecycle import (
     RELEASED,
     SCHEDULED,
 )
-from resourced.core.ledger import Ledger
 from resourced.errors import Internal
 
 from ..conftest import ROOT
