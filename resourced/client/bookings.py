@@ -1,6 +1,6 @@
 """The booking calls of ``Client`` and ``AsyncClient``: friendly arguments to bus
-messages, and replies to plain dicts (snake_case keys, times in microseconds since the
-epoch, UTC).  Shared by both clients, which only send and await.
+messages, and replies to plain dicts (the keys of ``resourced.protocol.records``, times in
+microseconds since the epoch, UTC).  Shared by both clients, which only send and await.
 
 Times: ``start``, ``until``, ``since`` accept a string as gpuctl reads it (``+30m``,
 ``20:00``, ``tomorrow 09:00``, ISO 8601; relative to now in local time), an aware
@@ -8,13 +8,13 @@ Times: ``start``, ``until``, ``since`` accept a string as gpuctl reads it (``+30
 (``2h30m``).  With the simulated backend, *now* is the simulated clock's.
 """
 
-import re
 from datetime import UTC, datetime
 
 from jeepney import DBusAddress, new_method_call
 
 from resourced.errors import InvalidRequest
 from resourced.protocol.names import BUS_NAME, MANAGER_IFACE, MANAGER_PATH
+from resourced.protocol.records import BOOKING, read
 
 from .arguments import UINT32_MAX, bus_string, bus_whole, memory_and_counts, session_option, span
 
@@ -173,26 +173,13 @@ def end_message(ref: str, by=None, until=None, op_id: str = "", dry_run: bool = 
                        ("a{sv}", options))
 
 
-_SPECIAL = {"UID": "uid", "UUID": "uuid", "OpID": "op_id", "GPUUUIDs": "gpu_uuids", "GPUIndices": "gpu_indices",
-            "GPUs": "gpus", "VRAMBytes": "vram_bytes", "EndedBy": "ended_by"}
-
-
-def snake(key: str) -> str:
-    """``StartUSec`` -> ``start_usec``, ``GPUUUIDs`` -> ``gpu_uuids``."""
-    if key in _SPECIAL:
-        return _SPECIAL[key]
-    key = key.replace("USec", "Usec")
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
-
-
 def record(data: dict) -> dict:
-    """An ``a{sv}`` record (jeepney's (signature, value) pairs) as a plain dict."""
-    return {snake(k): (dict(v) if sig.startswith("a{") else list(v) if sig.startswith("a")
-                       else v) for k, (sig, v) in data.items()}
+    """A booking's ``a{sv}`` record (jeepney's (signature, value) pairs) as a plain dict."""
+    return read(BOOKING, data)
 
 
-def records(body: tuple) -> list[dict]:
-    return [record(r) for r in body[0]]
+def records(kind, body: tuple) -> list[dict]:
+    return [read(kind, r) for r in body[0]]
 
 
 def booked(body: tuple) -> dict:

@@ -56,6 +56,7 @@ from resourced.protocol.names import (
     RELEASE_DRY_RUN,
     RELEASE_FORCE,
 )
+from resourced.protocol.records import BLACKOUT, NOTICE, SLOT
 
 from . import discovery, sandbox, wire
 from .arguments import (
@@ -302,18 +303,15 @@ class _Base:
 
     @staticmethod
     def _decode_verify(body: tuple) -> list[dict]:
-        """Verify's reports with snake_case keys, as every other record (``uuid``,
-        ``status``, ``processes`` with ``pid``...)."""
-        from .bookings import snake
+        """Verify's reports, read by the records' table (``uuid``, ``status``,
+        ``processes`` with ``pid``...)."""
+        from resourced.protocol.records import PROCESS, REPORT, read
 
-        def keyed(value):
-            if isinstance(value, dict):
-                return {snake(k): keyed(v) for k, v in value.items()}
-            if isinstance(value, list):
-                return [keyed(v) for v in value]
-            return value
-
-        return [keyed(_plain(report)) for report in body[0]]
+        reports = [read(REPORT, r) for r in body[0]]
+        for report in reports:
+            if "processes" in report:
+                report["processes"] = [read(PROCESS, p) for p in report["processes"]]
+        return reports
 
     def _unreachable(self, bus: str, exc: Exception) -> ResourcedError:
         """The bus itself could not be reached (or stopped answering); a socket this
@@ -770,7 +768,8 @@ class Client(_Base):
         """The earliest places a booking would fit (read-only)."""
         from . import bookings as b
 
-        return b.records(self._send(b.slots_message(count, duration=duration, **request)))
+        return b.records(SLOT, self._send(b.slots_message(count, duration=duration,
+                                                          **request)))
 
     def add_blackout(self, start, end, reason: str) -> dict:
         """Block a window for new bookings: ``{"id", "bookings_inside"}``."""
@@ -782,7 +781,7 @@ class Client(_Base):
     def blackouts(self) -> list[dict]:
         from . import bookings as b
 
-        return b.records(self._send(b.call("ListBlackouts")))
+        return b.records(BLACKOUT, self._send(b.call("ListBlackouts")))
 
     def remove_blackout(self, blackout_id: str) -> None:
         from . import bookings as b
@@ -797,7 +796,7 @@ class Client(_Base):
     def notices(self) -> list[dict]:
         from . import bookings as b
 
-        return b.records(self._send(b.call("ListNotices")))
+        return b.records(NOTICE, self._send(b.call("ListNotices")))
 
     def remove_notice(self, notice_id: str) -> None:
         from . import bookings as b
@@ -1122,7 +1121,8 @@ class AsyncClient(_Base):
     async def slots(self, duration, count: int = 3, **request) -> list[dict]:
         from . import bookings as b
 
-        return b.records(await self._send(b.slots_message(count, duration=duration, **request)))
+        return b.records(SLOT, await self._send(b.slots_message(count, duration=duration,
+                                                                **request)))
 
     async def resources(self) -> dict:
         return (await self.status())["health"]
@@ -1234,13 +1234,3 @@ class _Acquiring:
     async def __aexit__(self, *exc):
         await self.lease.release()
 
-
-def _plain(value):
-    """jeepney's (signature, value) variants, unwrapped all the way down."""
-    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):
-        return _plain(value[1])
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
