@@ -11,7 +11,7 @@ import pytest
 from jeepney import DBusAddress, MessageType, new_signal
 from jeepney.low_level import Endianness, Header, HeaderFields, Message
 
-from resourced.client import steps, waiting
+from resourced.client import connecting, steps, waiting
 from resourced.client.calls import LEVEL_CHANGES, Calls, Leased
 from resourced.errors import DaemonUnreachable, NoSuchClaim, QueueTimeout
 from resourced.protocol.names import CLAIM_IFACE, MANAGER_IFACE, MANAGER_PATH
@@ -262,3 +262,48 @@ def test_a_definition_becomes_a_blocking_or_an_async_method_with_its_signature()
     assert inspect.iscoroutinefunction(Awaited.twice)
     assert str(inspect.signature(Awaited().twice)) == "(n: int, *, also: str = '') -> int"
     assert Awaited.twice.__doc__ == Blocking.twice.__doc__ == "Twice n."
+
+
+def connect(client, session=None, answers=None):
+    """Run the connecting steps against buses that open (or raise ``session``) and answer
+    ``answers`` by member; what was done, and the bus chosen."""
+    done = []
+
+    def perform(step):
+        if isinstance(step, steps.Open):
+            done.append(("open", step.address))
+            if step.address == "SESSION" and session is not None:
+                raise session
+            return None
+        if isinstance(step, steps.Shut):
+            done.append(("shut", None))
+            return None
+        member = step.message.header.fields[HeaderFields.member]
+        done.append(("ask", member))
+        return reply_to(0, answers[member])
+
+    return steps.run(connecting.connect(client), perform), done
+
+
+def test_the_session_bus_is_chosen_where_the_daemon_runs_or_can_start(monkeypatch):
+    monkeypatch.delenv("RESOURCED_BUS", raising=False)
+    monkeypatch.setattr(connecting.discovery, "preset_bus", lambda bus: bus)
+    client = Calls(timeout=5)
+    assert connect(client, answers={"NameHasOwner": (True,)}) == (
+        "session", [("open", "SESSION"), ("ask", "NameHasOwner")])
+    bus, done = connect(client, answers={"NameHasOwner": (False,),
+                                         "ListActivatableNames": (["org.resourced"],)})
+    assert bus == "session" and done[-1] == ("ask", "ListActivatableNames")
+    bus, done = connect(client, answers={"NameHasOwner": (False,), "ListActivatableNames": ([],)})
+    assert bus == "system" and done[-2:] == [("shut", None), ("open", "SYSTEM")]
+
+
+def test_a_refused_session_socket_is_remembered_and_the_system_bus_tried(monkeypatch):
+    monkeypatch.delenv("RESOURCED_BUS", raising=False)
+    monkeypatch.setattr(connecting.discovery, "preset_bus", lambda bus: bus)
+    client = Calls(timeout=5)
+    refused = PermissionError(13, "Permission denied")
+    assert connect(client, session=refused) == ("system", [("open", "SESSION"),
+                                                          ("open", "SYSTEM")])
+    assert client._session_refused is refused
+    assert connect(Calls(bus="session", timeout=5))[1] == [("open", "SESSION")]
