@@ -67,7 +67,9 @@ class Outcomes:
 
 
 def _queue_moved(msg) -> bool:
-    return msg.header.fields.get(HeaderFields.member) in ("ClaimNew", "ClaimRemoved")
+    fields = msg.header.fields
+    return fields.get(HeaderFields.interface) == MANAGER_IFACE and \
+        fields.get(HeaderFields.member) in ("ClaimNew", "ClaimRemoved")
 
 
 def wait(client, msg, timeout: float | None, progress, use_index: bool):
