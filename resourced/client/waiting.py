@@ -17,8 +17,8 @@ from resourced.protocol.names import CLAIM_IFACE, MANAGER_IFACE, MANAGER_PATH
 from . import signals
 from .steps import Deadline, Listen, Next, Post, Sleep, Subscribe
 
-HELD_SERIALS = itertools.count((1 << 31) + int.from_bytes(os.urandom(4), "big") % (1 << 30))
-"""Serials of held claim calls: chosen here, out of the range jeepney counts up from 1,
+SERIALS = itertools.count((1 << 31) + int.from_bytes(os.urandom(4), "big") % (1 << 30))
+"""Serials of the Claim calls of waiting claims: chosen here, out of the range jeepney counts up from 1,
 so that the client knows a call's serial before its answer (``GetClaimByCall``); from a
 random start, so that after a restart of the bus (when unique names start again) a
 process is unlikely to take another's serial too."""
@@ -80,10 +80,8 @@ def wait(client, msg, timeout: float | None, progress, use_index: bool):
     # Listened for before asking: the outcome may come right behind the answer (or, from
     # a daemon that did not keep a held call, instead of it).
     signals_in = yield Listen(rule, bufsize=1024)
-    if progress:  # (progress needs the claim's reference at once: not held)
-        ref, rule.path, grant = yield msg
-    else:
-        ref, rule.path, grant = yield from _held(client, msg, deadline)
+    # (progress needs the claim's reference at once: a call answered at once, not held)
+    ref, rule.path, grant = yield from _asked(client, msg, deadline, held=not progress)
     if grant["State"][1] != "queued":
         return client._allocation(ref, grant, use_index)
     try:
@@ -109,28 +107,29 @@ def wait(client, msg, timeout: float | None, progress, use_index: bool):
         raise
 
 
-def _held(client, msg, deadline: Deadline):
-    """Claim's answer to ``msg`` (made with ``ReplyWhenGranted``): the grant once granted,
-    or a queued claim (from a daemon that answered at once, or whose successor has the
-    claim after a restart: its signal follows).  An interrupted or timed-out wait leaves
-    the queue, or releases a claim granted meanwhile."""
-    serial = next(HELD_SERIALS)
+def _asked(client, msg, deadline: Deadline, held: bool):
+    """Claim's answer to ``msg``, sent with a serial of our own: with ``held``
+    (``ReplyWhenGranted``) the grant once granted, else at once; or a queued claim (from
+    a daemon that answered at once, or whose successor has the claim after a restart: its
+    signal follows).  A call interrupted or timed out before its answer finds its claim
+    by the call and takes it out of the queue (or releases it, granted meanwhile)."""
+    serial = next(SERIALS)
     replies = yield Listen(ReplyTo(serial))
     try:
         yield Post(msg, serial)
-        reply = yield Next(replies, deadline.left())
+        reply = yield Next(replies, deadline.left() if held else client.timeout)
     except BaseException as exc:
         try:
             ref = (yield client._claim_of_call(serial))[0]
             yield client._release_message(ref, False)
         except (NoSuchClaim, DaemonUnreachable):
             pass
-        if isinstance(exc, TimeoutError):
+        if isinstance(exc, TimeoutError) and held:
             raise QueueTimeout("the claim was not granted in time; it left the queue") from exc
-        if isinstance(exc, OSError):
+        if isinstance(exc, (TimeoutError, OSError)):
             raise client._unreachable(client.bus, exc) from exc
         raise
-    answer = _held_answer(client, reply)
+    answer = _claim_answer(client, reply)
     if answer is _RESTARTED:
         return (yield from _retry_unreachable(client._claim_of_call(serial), deadline))
     if answer is _NOT_KEPT:
@@ -138,8 +137,8 @@ def _held(client, msg, deadline: Deadline):
     return answer
 
 
-def _held_answer(client, reply):
-    """Claim's answer in the ``reply`` to a held call, or why there is none: ``_RESTARTED``
+def _claim_answer(client, reply):
+    """Claim's answer in the ``reply`` to its call, or why there is none: ``_RESTARTED``
     (the bus answered NoReply: the daemon went away holding the call, and its claims log
     kept the claim for the next one), ``_NOT_KEPT`` (a daemon older than
     ReplyWhenGranted)."""

@@ -175,6 +175,14 @@ def test_an_interrupted_held_wait_finds_its_claim_by_the_call_and_takes_it_out(c
     assert serial >= 1 << 31
 
 
+def test_a_claim_interrupted_before_its_answer_is_taken_out_with_progress_too(client):
+    bus = Bus({"Claim": None, "GetClaimByCall": ("c1", claim_path("c1"), grant("queued")),
+               "Release": ([],)}, signals=[KeyboardInterrupt()])
+    with pytest.raises(KeyboardInterrupt):
+        steps.run(Calls.claim.steps(client, gpus=1, wait=True, progress=print), bus.perform)
+    assert bus.members() == ["Claim", "GetClaimByCall", "Release"]
+
+
 def test_a_daemon_restarted_under_a_held_call_is_asked_again_by_the_call(client):
     bus = Bus({"Claim": reply_to(0, ("gone",), error=waiting.NO_REPLY),
                "GetClaimByCall": [DaemonUnreachable("restarting"),
@@ -197,7 +205,7 @@ def test_progress_is_told_the_place_in_the_queue_as_it_moves(client):
     steps.run(Calls.claim.steps(client, gpus=1, wait=True, progress=told.append), bus.perform)
     assert [(t["position"], t["waiting"], [h["id"] for h in t["holders"]]) for t in told] == [
         (1, 1, ["c0"]), (1, 1, ["c0"])]
-    assert bus.sent[0][0] == "call" and "ReplyWhenGranted" not in bus.sent[0][2][1]
+    assert bus.sent[0][0] == "post" and "ReplyWhenGranted" not in bus.sent[0][2][1]
     assert ("Subscribe", None, waiting.QUEUE_CHANGES) in bus.sent
 
 
