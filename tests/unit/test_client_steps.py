@@ -8,7 +8,7 @@ import inspect
 import json
 
 import pytest
-from jeepney import DBusAddress, MessageType, new_signal
+from jeepney import DBusAddress, MessageType, new_method_call, new_signal
 from jeepney.low_level import Endianness, Header, HeaderFields, Message
 
 from resourced.client import connecting, steps, waiting
@@ -315,3 +315,32 @@ def test_a_refused_session_socket_is_remembered_and_the_system_bus_tried(monkeyp
                                                           ("open", "SYSTEM")])
     assert client._session_refused is refused
     assert connect(Calls(bus="session", timeout=5))[1] == [("open", "SESSION")]
+
+
+MANAGER = DBusAddress(MANAGER_PATH, bus_name="org.resourced", interface=MANAGER_IFACE)
+
+
+@pytest.mark.parametrize("name, kwargs, method, signature, body", [
+    ("release", {"ref": "c1", "force": True}, "Release", "st", ("c1", 1)),
+    ("stop", {"session": "s", "dry_run": True}, "Stop", "a{sv}",
+     ({"Session": ("s", "s"), "DryRun": ("b", True)},)),
+    ("claim_job", {"job": "7", "gpus": ["0"], "name": "n"}, "ClaimJob", "sasa{sv}",
+     ("7", ["0"], {"Name": ("s", "n")})),
+    ("status_json", {}, "Describe", None, ()),
+    ("bookings_json", {"all_users": True, "limit": 5}, "ListBookings", "a{sv}",
+     ({"All": ("b", True), "Limit": ("u", 5)},)),
+    ("report_job", {"ref": "b1", "state": "running"}, "ReportJob", "ssis",
+     ("b1", "running", -1, "")),
+    ("remove_notice", {"notice_id": "n1"}, "RemoveNotice", "s", ("n1",)),
+])
+def test_a_call_sends_the_message_the_bus_api_documents(name, kwargs, method, signature, body):
+    sent = []
+
+    def perform(step):
+        sent.append(step)
+        raise TimeoutError  # (what comes back does not matter here)
+
+    with pytest.raises(TimeoutError):
+        steps.run(getattr(Calls, name).steps(Calls(bus="session"), **kwargs), perform)
+    expected = new_method_call(MANAGER, method, signature, body)
+    assert sent[0].serialise(serial=3) == expected.serialise(serial=3)
