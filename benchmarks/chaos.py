@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from unittest import mock
 
-from resourced.client.sync import SHORT, Client
+from resourced.client.calls import SHORT
+from resourced.client.sync import Client
 from resourced.errors import DaemonUnreachable
 from resourced.linux.privatebus import PrivateBus
 

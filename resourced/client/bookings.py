@@ -1,6 +1,6 @@
-"""The booking calls of ``Client`` and ``AsyncClient``: friendly arguments to bus
-messages, and replies to plain dicts (snake_case keys, times in microseconds since the
-epoch, UTC).  Shared by both clients, which only send and await.
+"""The booking calls of ``Client`` and ``AsyncClient``, defined once (``steps``): friendly
+arguments to bus messages, and replies to plain dicts (the keys of
+``resourced.protocol.records``, times in microseconds since the epoch, UTC).
 
 Times: ``start``, ``until``, ``since`` accept a string as gpuctl reads it (``+30m``,
 ``20:00``, ``tomorrow 09:00``, ISO 8601; relative to now in local time), an aware
@@ -8,15 +8,21 @@ Times: ``start``, ``until``, ``since`` accept a string as gpuctl reads it (``+30
 (``2h30m``).  With the simulated backend, *now* is the simulated clock's.
 """
 
-import re
-from datetime import UTC, datetime
-
 from jeepney import DBusAddress, new_method_call
 
 from resourced.errors import InvalidRequest
 from resourced.protocol.names import BUS_NAME, MANAGER_IFACE, MANAGER_PATH
 
-from .arguments import UINT32_MAX, bus_string, bus_whole, memory_and_counts, session_option, span
+from .arguments import (
+    INT32,
+    UINT32_MAX,
+    bus_string,
+    bus_whole,
+    memory_and_counts,
+    session_option,
+    span,
+)
+from .steps import Defined, call
 
 _MANAGER = DBusAddress(MANAGER_PATH, bus_name=BUS_NAME, interface=MANAGER_IFACE)
 USEC_MAX = 2**64 - 1
@@ -32,8 +38,10 @@ def now_usec() -> int:
         raise InvalidRequest(str(exc)) from None
 
 
-def local_now(usec: int | None = None) -> datetime:
+def local_now(usec: int | None = None):
     """Now (or ``usec``) in the local zone."""
+    from datetime import UTC
+
     from resourced.protocol.when import moment
 
     return moment(now_usec() if usec is None else usec, UTC).astimezone()
@@ -50,6 +58,8 @@ def local_text(usec: int, now: int | None = None) -> str:
 def instant(name: str, value, now: int | None = None) -> int:
     """A moment as microseconds since the epoch; one typed as text (``+1h``) is taken to
     the next whole second, as the daemon places bookings (so back to back stays so)."""
+    from datetime import datetime
+
     from resourced.core.clock import whole_second
     from resourced.protocol.when import parse_when, usec
 
@@ -106,13 +116,14 @@ def request_options(gpus=None, duration=None, start=None, gpu_names=None, exclud
     return options
 
 
-def call(method: str, signature: str | None = None, body: tuple = ()):
+def call_message(method: str, signature: str | None = None, body: tuple = ()):
     return new_method_call(_MANAGER, method, signature, body)
 
 
 def book_message(session=None, **request):
 
-    return call("Book", "a{sv}", ({**request_options(**request), **session_option(session)},))
+    return call_message("Book", "a{sv}",
+                        ({**request_options(**request), **session_option(session)},))
 
 
 def list_message(all_users=False, since=None, until=None, offset=0, limit=None):
@@ -126,30 +137,30 @@ def list_message(all_users=False, since=None, until=None, offset=0, limit=None):
         options["Offset"] = ("u", bus_whole("offset", offset, 0, UINT32_MAX))
     if limit is not None:
         options["Limit"] = ("u", bus_whole("limit", limit, 1, 10_000))
-    return call("ListBookings", "a{sv}", (options,))
+    return call_message("ListBookings", "a{sv}", (options,))
 
 
 def ref_message(method: str, ref: str, *rest: tuple[str, object]):
 
     signature = "s" + "".join(sig for sig, _ in rest)
-    return call(method, signature, (bus_string("reference", ref), *(v for _, v in rest)))
+    return call_message(method, signature, (bus_string("reference", ref), *(v for _, v in rest)))
 
 
 def slots_message(count: int, **request):
 
-    return call("FindSlots", "a{sv}u", (request_options(**request),
+    return call_message("FindSlots", "a{sv}u", (request_options(**request),
                                          bus_whole("count", count, 1, 20)))
 
 
 def blackout_message(start, end, reason: str):
 
-    return call("AddBlackout", "tts", (instant("start", start), instant("end", end),
+    return call_message("AddBlackout", "tts", (instant("start", start), instant("end", end),
                                        bus_string("reason", reason)))
 
 
 def notice_message(text: str, until=None):
 
-    return call("AddNotice", "st", (bus_string("text", text),
+    return call_message("AddNotice", "st", (bus_string("text", text),
                                     0 if until is None else instant("until", until)))
 
 
@@ -173,28 +184,137 @@ def end_message(ref: str, by=None, until=None, op_id: str = "", dry_run: bool = 
                        ("a{sv}", options))
 
 
-_SPECIAL = {"UID": "uid", "UUID": "uuid", "OpID": "op_id", "GPUUUIDs": "gpu_uuids", "GPUIndices": "gpu_indices",
-            "GPUs": "gpus", "VRAMBytes": "vram_bytes", "EndedBy": "ended_by"}
-
-
-def snake(key: str) -> str:
-    """``StartUSec`` -> ``start_usec``, ``GPUUUIDs`` -> ``gpu_uuids``."""
-    if key in _SPECIAL:
-        return _SPECIAL[key]
-    key = key.replace("USec", "Usec")
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
-
-
 def record(data: dict) -> dict:
-    """An ``a{sv}`` record (jeepney's (signature, value) pairs) as a plain dict."""
-    return {snake(k): (dict(v) if sig.startswith("a{") else list(v) if sig.startswith("a")
-                       else v) for k, (sig, v) in data.items()}
+    """A booking's ``a{sv}`` record (jeepney's (signature, value) pairs) as a plain dict."""
+    from resourced.protocol.records import BOOKING, read
+
+    return read(BOOKING, data)
 
 
-def records(body: tuple) -> list[dict]:
-    return [record(r) for r in body[0]]
+def records(kind: str, body: tuple) -> list[dict]:
+    """The records in the answer ``body``, of ``kind`` (the name of a table in
+    ``resourced.protocol.records``, loaded when first read)."""
+    from resourced.protocol import records as tables
+
+    return [tables.read(getattr(tables, kind), r) for r in body[0]]
 
 
 def booked(body: tuple) -> dict:
     """``Book``'s reply: ``{"status": created | exists, "booking": {...}}``."""
     return {"status": body[0], "booking": record(body[1])}
+
+
+def usage_message(since=None, until=None, uid=None, by_gpu=False):
+    options = {}
+    if since is not None:
+        options["SinceUSec"] = ("t", instant("since", since))
+    if until is not None:
+        options["UntilUSec"] = ("t", instant("until", until))
+    if uid is not None:
+        options["UID"] = ("u", bus_whole("uid", uid, 0, UINT32_MAX))
+    if by_gpu:
+        options["ByGPU"] = ("b", True)
+    return call_message("Usage", "a{sv}", (options,))
+
+
+class BookingCalls(Defined):
+    """The calls about bookings, blackouts, notices and usage (``calls.Calls`` has them)."""
+
+    @call
+    def book(self, duration, gpus=None, start=None, **request) -> dict:
+        """Reserve a window: ``{"status": "created" | "exists", "booking": {...}}``.
+        ``start`` None takes the earliest start that fits (see ``request_options`` for
+        the rest)."""
+        return booked((yield book_message(duration=duration, gpus=gpus, start=start,
+                                          **request)))
+
+    @call
+    def bookings_json(self, all_users: bool = False, since=None, until=None, offset: int = 0,
+                      limit: int | None = None) -> str:
+        """``bookings()`` as the daemon sends it: JSON text."""
+        return (yield list_message(all_users, since, until, offset, limit))[0]
+
+    @call
+    def bookings(self, all_users: bool = False, since=None, until=None, offset: int = 0,
+                 limit: int | None = None) -> list[dict]:
+        """Mine (or everyone's): scheduled, active, and ended since ``since`` (default a
+        day ago), by start."""
+        import json
+
+        return json.loads((yield from BookingCalls.bookings_json.steps(
+            self, all_users, since, until, offset, limit)))
+
+    @call
+    def booking(self, ref: str) -> dict:
+        """One booking by reference."""
+        return record((yield ref_message("GetBooking", ref))[0])
+
+    @call
+    def edit(self, ref: str, **changes) -> dict:
+        """Change a booking that has not started (what is not given stays)."""
+        return record((yield ref_message("EditBooking", ref,
+                                         ("a{sv}", request_options(**changes))))[0])
+
+    @call
+    def extend(self, ref: str, by=None, until=None, op_id: str = "",
+               dry_run: bool = False) -> dict:
+        """Move a booking's end: ``by`` a duration past its end, or ``until`` a time
+        (earlier shrinks it, not before now).  ``dry_run`` (here and on book, edit and
+        cancel): what it would be, decided by the daemon, with nothing changed."""
+        return record((yield end_message(ref, by, until, op_id, dry_run))[0])
+
+    @call
+    def cancel(self, ref: str, reason: str = "", op_id: str = "", dry_run: bool = False) -> dict:
+        """End a booking now; someone else's needs the manage action and a reason."""
+        return record((yield ref_message("CancelBooking", ref, ("s", bus_string("reason", reason)),
+                                         change_options(op_id, dry_run)))[0])
+
+    @call
+    def slots(self, duration, count: int = 3, **request) -> list[dict]:
+        """The earliest places a booking would fit (read-only)."""
+        return records("SLOT", (yield slots_message(count, duration=duration, **request)))
+
+    @call
+    def usage(self, since=None, until=None, uid: int | None = None,
+              by_gpu: bool = False) -> list[dict]:
+        """GPU-hours held, used and idle per user (or per GPU, with mean load) from
+        ``since`` (default 7 days ago) to ``until`` (default now): see ``gpuctl usage``."""
+        import json
+
+        return json.loads((yield usage_message(since, until, uid, by_gpu))[0])
+
+    @call
+    def report_job(self, ref: str, state: str, exit_code: int = -1, detail: str = "") -> dict:
+        """As a booking's owner (its runner): how the booking's command stands (pending,
+        running, succeeded, failed, timed-out, cancelled, missed); the booking's record."""
+        return record((yield call_message("ReportJob", "ssis", (
+            bus_string("reference", ref), bus_string("state", state),
+            bus_whole("exit code", exit_code, *INT32), bus_string("detail", detail))))[0])
+
+    @call
+    def add_blackout(self, start, end, reason: str) -> dict:
+        """Block a window for new bookings: ``{"id", "bookings_inside"}``."""
+        blackout_id, inside = yield blackout_message(start, end, reason)
+        return {"id": blackout_id, "bookings_inside": list(inside)}
+
+    @call
+    def blackouts(self) -> list[dict]:
+        """The blackouts, each ``{"id", "start_usec", "end_usec", "reason"}``."""
+        return records("BLACKOUT", (yield call_message("ListBlackouts")))
+
+    @call
+    def remove_blackout(self, blackout_id: str) -> None:
+        yield ref_message("RemoveBlackout", blackout_id)
+
+    @call
+    def add_notice(self, text: str, until=None) -> str:
+        """Post a notice to everyone (until ``until``, if given); its id."""
+        return (yield notice_message(text, until))[0]
+
+    @call
+    def notices(self) -> list[dict]:
+        return records("NOTICE", (yield call_message("ListNotices")))
+
+    @call
+    def remove_notice(self, notice_id: str) -> None:
+        yield ref_message("RemoveNotice", notice_id)

@@ -53,7 +53,6 @@ REPORT = fields(("UUID", "uuid", "s"), ("Alias", "alias", "s"), ("Index", "index
 """One GPU's verify report; its processes are PROCESS records."""
 
 
-
 @functools.cache
 def keys_of(kind: tuple[Field, ...]) -> dict[str, str]:
     """Bus key -> dict key, for reading a record of ``kind``."""
@@ -69,3 +68,14 @@ def iso_utc(usec: int) -> str:
 @functools.lru_cache(maxsize=4096)
 def _iso_second(second: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second))
+
+
+def read(kind: tuple[Field, ...], data: dict) -> dict:
+    """A record of ``kind`` as jeepney reads an a{sv} (``{key: (signature, value)}``), as
+    a dict: its keys by the table (one it does not know kept as the bus has it), arrays as
+    lists, dicts as dicts (an array of records stays a list of a{sv}: read each by its
+    own kind)."""
+    keys = keys_of(kind)
+    return {keys.get(wire, wire): (dict(value) if signature.startswith("a{")
+                                   else list(value) if signature.startswith("a") else value)
+            for wire, (signature, value) in data.items()}

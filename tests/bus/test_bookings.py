@@ -14,7 +14,8 @@ import threading
 
 import pytest
 
-from resourced.client.sync import AsyncClient, Client
+from resourced.client.aio import AsyncClient
+from resourced.client.sync import Client
 from resourced.errors import (
     InvalidRequest,
     NoSuchClaim,

@@ -9,7 +9,8 @@ import pytest
 from dbus_fast import Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
 
-from resourced.client.sync import AsyncClient, Client
+from resourced.client.aio import AsyncClient
+from resourced.client.sync import Client
 from resourced.errors import InvalidRequest, NoSuchClaim, NotEnoughGPUs
 
 TIMEOUT = 10.0

@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from resourced.client.sync import AsyncClient, Client
+from resourced.client.aio import AsyncClient
+from resourced.client.sync import Client
 
 from ..conftest import eventually, eventually_async, gpuctl
 

@@ -22,7 +22,8 @@ from jeepney.bus_messages import message_bus
 from jeepney.io.blocking import open_dbus_connection
 from jeepney.low_level import HeaderFields
 
-from resourced.client.sync import AsyncClient, Client
+from resourced.client.aio import AsyncClient
+from resourced.client.sync import Client
 from resourced.errors import NoSuchClaim, QueueTimeout
 
 from ..conftest import eventually, gpuctl

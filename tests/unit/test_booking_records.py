@@ -1,21 +1,27 @@
-"""A booking reads the same from Book/GetBooking (a{sv}) as from ListBookings (JSON)."""
+"""A record reads the same from the bus (a{sv}) as from JSON: the daemon writes it by the
+table in ``resourced.protocol.records`` and the client reads it back by the same table."""
 
 import json
 
 from dbus_fast import Variant
 
 from resourced.agents.context import with_times
-from resourced.client.bookings import record, snake
+from resourced.client.bookings import record
 from resourced.core.calendar import Booking, BookingRequest
 from resourced.core.claims import Demand
 from resourced.core.inventory import Gpu
-from resourced.daemon.bus.bookings import BookingTexts, booking_fields, booking_record
-from resourced.protocol.records import BOOKING
+from resourced.daemon.bus.bookings import (
+    BookingTexts,
+    booking_fields,
+    booking_record,
+    wire_record,
+)
+from resourced.protocol.records import BLACKOUT, BOOKING, NOTICE, PROCESS, REPORT, SLOT, read
 
 
-def test_every_field_has_the_same_name_both_ways():
-    for field in BOOKING:
-        assert snake(field.wire) == field.key
+def as_jeepney(wire: dict) -> dict:
+    """dbus-fast's variants as jeepney decodes them: (signature, value)."""
+    return {k: (v.signature, v.value) for k, v in wire.items()}
 
 
 GPUS = {"GPU-a": Gpu(3, "GPU-a", "sim", 80 << 30, "0:1", "big")}
@@ -32,8 +38,7 @@ def test_the_a_sv_record_and_the_json_fields_are_the_same_booking():
     fields = booking_fields(b, gpus, "granted")
     assert set(fields) == {f.key for f in BOOKING}
     wire = booking_record(fields)
-    as_jeepney = {k: (v.signature, v.value) for k, v in wire.items()}  # how jeepney decodes
-    assert record(as_jeepney) == fields
+    assert record(as_jeepney(wire)) == fields
     assert fields["gpu_indices"] == [3] and fields["pools"] == {"ram": 1 << 30, "cpu": 4}
     assert all(isinstance(v, Variant) for v in wire.values())
 
@@ -67,3 +72,16 @@ def test_a_changed_booking_is_encoded_again():
     texts = BookingTexts()
     texts.array([booking()], GPUS, {}, None)
     assert json.loads(texts.array([booking("other")], GPUS, {}, None))[0]["label"] == "other"
+
+
+def test_every_kind_reads_back_as_it_was_written():
+    samples = {"s": "x", "u": 7, "i": -1, "t": 2**40, "b": True, "as": ["a", "b"],
+               "au": [1, 2], "a{st}": {"cpu": 4}, "aa{sv}": []}
+    for kind in (BOOKING, BLACKOUT, NOTICE, SLOT, PROCESS, REPORT):
+        values = {f.key: samples[f.signature] for f in kind}
+        assert read(kind, as_jeepney(wire_record(kind, values))) == values
+
+
+def test_a_field_the_table_does_not_know_is_kept_under_the_bus_key():
+    assert read(SLOT, {"StartUSec": ("t", 5), "NewThing": ("as", ("a",))}) == {
+        "start_usec": 5, "NewThing": ["a"]}

@@ -51,7 +51,7 @@ def imports() -> dict[str, set[str]]:
 def test_the_walk_reads_the_tree():
     graph = imports()
     assert "resourced.daemon.engine.engine" in graph["resourced.daemon.main"]
-    assert "resourced.protocol.names" in graph["resourced.client.sync"]
+    assert "resourced.protocol.names" in graph["resourced.client.calls"]
 
 
 def test_only_a_handful_of_modules_lie_flat():
