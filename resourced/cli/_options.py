@@ -232,6 +232,20 @@ class Count(_Parsed):
     name, parser = "N", "parse_count"
 
 
+class GpuList(click.ParamType):
+    """GPUs by alias, index or UUID, comma-separated: ``1,3`` or ``gpu1,big``."""
+
+    name = "GPU[,GPU]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        names = tuple(n.strip() for n in value.split(",") if n.strip())
+        if not names:
+            self.fail("name at least one GPU", param, ctx)
+        return names
+
+
 class PoolAmount(click.ParamType):
     """``NAME=AMOUNT`` for a named pool."""
 

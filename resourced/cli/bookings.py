@@ -17,6 +17,7 @@ from ._options import (
     CommandAfterDashes,
     Count,
     Duration,
+    GpuList,
     Memory,
     PoolAmount,
     bus_option,
@@ -64,20 +65,6 @@ class When(click.ParamType):
             return instant("time", value)
         except InvalidRequest as exc:
             self.fail(exc.message.removeprefix("time: "), param, ctx)
-
-
-class GpuList(click.ParamType):
-    """GPUs by alias, index or UUID, comma-separated: ``1,3`` or ``gpu1,big``."""
-
-    name = "GPU[,GPU]"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, tuple):
-            return value
-        names = tuple(n.strip() for n in value.split(",") if n.strip())
-        if not names:
-            self.fail("name at least one GPU", param, ctx)
-        return names
 
 
 def booking_options(fn):

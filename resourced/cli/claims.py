@@ -15,6 +15,7 @@ from ._options import (
     CommandAfterDashes,
     Count,
     Duration,
+    GpuList,
     Memory,
     PoolAmount,
     bus_option,
@@ -40,6 +41,10 @@ def demand_options(fn):
     options = [
         click.option("--gpus", "-G", type=click.IntRange(1, UINT32_MAX),
                      help="Whole GPUs (default 1 when nothing else is asked for)."),
+        click.option("--gpu", "named", type=GpuList(),
+                     help="These GPUs, whole (alias, index or UUID; comma-separated); with "
+                     "--vram, the one GPU of the share."),
+        click.option("--exclude", type=GpuList(), help="Never these GPUs."),
         click.option("--vram", type=Memory(), help="A share of one GPU's memory, e.g. 20G."),
         click.option("--ram", type=Memory(), help="Host RAM from the ram pool, e.g. 4G."),
         click.option("--cpu", type=Count(), help="CPU cores from the cpu pool."),
@@ -102,8 +107,16 @@ class WaitingLine:
         self.drawn = True
 
 
-def demand(gpus, vram, ram, cpu, pools) -> dict:
-    """claim() keyword arguments; one whole GPU when nothing at all is asked for."""
+def demand(gpus, named, exclude, vram, ram, cpu, pools) -> dict:
+    """claim() keyword arguments; one whole GPU when nothing at all is asked for, one of
+    each GPU named (--gpu), as book reads them."""
+    if named and vram is None:
+        if gpus is not None and gpus != len(named):
+            raise click.UsageError(f"{gpus} GPU(s) asked and {len(named)} named: use --gpus N "
+                                   "or --gpu LIST")
+        gpus = len(named)
+    if named and vram is not None and (len(named) != 1 or gpus is not None):
+        raise click.UsageError("a share (--vram) goes on one GPU: --gpu NAME --vram 20G")
     if gpus is None and vram is None and ram is None and cpu is None and not pools:
         gpus = 1
     names = [name for name, _ in pools]
@@ -111,7 +124,9 @@ def demand(gpus, vram, ram, cpu, pools) -> dict:
     if twice:
         raise click.UsageError(f"--pool {', '.join(twice)} given more than once; give each "
                                "pool once, with the whole amount")
-    return dict(gpus=gpus or 0, vram=vram, ram=ram, cpu=cpu, pools=dict(pools))
+    return dict(gpus=gpus or 0, vram=vram, ram=ram, cpu=cpu, pools=dict(pools),
+                gpu_names=list(named) if named else None,
+                exclude=list(exclude) if exclude else None)
 label_option = click.option("--label", default="", help="A short label shown in status.")
 task_option = click.option("--task-name", default="", help="What the GPUs are for.")
 index_option = click.option(
@@ -137,7 +152,8 @@ index_option = click.option(
 @dry_run_option
 @bus_option
 @click.argument("command", nargs=-1, required=True, metavar="-- COMMAND [ARGS]...")
-def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet, isolate,
+def run(gpus, named, exclude, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet,
+        isolate,
         allocation, reclaimable, reclaim_signal, use_index, label, task_name, session, dry_run,
         bus, command):
     """Run COMMAND on GPUs and/or pool amounts and return its exit code.
@@ -157,8 +173,9 @@ def run(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet, i
     from .launch import PendingChild
 
     refuse_stray_words(command, "gpuctl run ... -- COMMAND [ARGS]...")
-    asked = demand(gpus, vram, ram, cpu, pools)
-    if allocation and (gpus is not None or vram or ram or cpu or pools or duration
+    asked = demand(gpus, named, exclude, vram, ram, cpu, pools)
+    if allocation and (gpus is not None or named or exclude or vram or ram or cpu or pools
+                       or duration
                        or session is not None or isolate is not None):
         raise click.UsageError("use either --allocation or amounts to claim, not both")
     signum = _signal_number(reclaim_signal)
@@ -339,8 +356,9 @@ def _release_after_run(c, ref: str) -> None:
 @dry_run_option
 @bus_option
 @json_option
-def claim(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet, isolate,
-          owner_pid, reclaimable, label, task_name, use_index, session, dry_run, bus, as_json):
+def claim(gpus, named, exclude, vram, ram, cpu, pools, priority, wait, timeout, duration,
+          quiet, isolate, owner_pid, reclaimable, label, task_name, use_index, session,
+          dry_run, bus, as_json):
     """Claim GPUs and/or pool amounts until released, and print the reference.
 
     --dry-run says what would be granted (or that it would wait), limits included, and
@@ -353,7 +371,7 @@ def claim(gpus, vram, ram, cpu, pools, priority, wait, timeout, duration, quiet,
                          use_index=use_index, priority=priority, wait=wait, timeout=timeout,
                          reclaimable=reclaimable, progress=line.show, duration=duration,
                          session=session, dry_run=dry_run, isolate=isolate,
-                         **demand(gpus, vram, ram, cpu, pools))
+                         **demand(gpus, named, exclude, vram, ram, cpu, pools))
     _warn(result["warnings"])
     if as_json:
         emit_json({"schema": JSON_SCHEMA, **result})

@@ -97,7 +97,8 @@ class Calls(BookingCalls):
               timeout: float | None = None, reclaimable: bool = False,
               progress: Callable[[dict], None] | None = None, duration=None,
               session: str | None = None, dry_run: bool = False, vram_mb=None,
-              ram_mb=None, isolate: bool | None = None) -> dict:
+              ram_mb=None, isolate: bool | None = None, gpu_names=None,
+              exclude=None) -> dict:
         """Claim GPUs, a VRAM share and/or pool amounts, all or nothing; returns
         ``{"allocation": {"ref": ...}, "env": {...}, "warnings": [...]}``.
 
@@ -118,11 +119,14 @@ class Calls(BookingCalls):
         ``dry_run``: what the daemon would decide, limits included, with nothing made
         (``"dry_run": True``, ref "").  ``isolate``: its processes run confined to its
         GPUs (``confine``; None: as the daemon's configuration says); the allocation's
-        ``isolated`` says whether they do."""
+        ``isolated`` says whether they do.  ``gpu_names`` (alias, index or UUID): those GPUs
+        whole, one for each of ``gpus`` (or the one GPU of a ``vram`` share); ``exclude``:
+        never those, as ``book`` takes them."""
         held = wait and not progress
         msg = self._claim_message(mode, gpus, owner_pid, label, task_name, member_pids, vram,
                                   ram, cpu, pools, priority, wait, timeout, reclaimable, duration,
-                                  session, dry_run, held, vram_mb, ram_mb, isolate)
+                                  session, dry_run, held, vram_mb, ram_mb, isolate, gpu_names,
+                                  exclude)
         if not wait or dry_run:
             ref, _path, grant = yield msg
             return self._allocation(ref, grant, use_index)
@@ -338,8 +342,11 @@ class Calls(BookingCalls):
                        member_pids=(), vram=None, ram=None, cpu=None, pools=None,
                        priority=0, wait=False, timeout=None, reclaimable=False, duration=None,
                        session=None, dry_run=False, held=False, vram_mb=None, ram_mb=None,
-                       isolate=None):
+                       isolate=None, gpu_names=None, exclude=None):
         gpus, options = demand_options(gpus, vram, ram, cpu, pools, vram_mb, ram_mb)
+        for key, names in (("GPUNames", gpu_names), ("Exclude", exclude)):
+            if names is not None:
+                options[key] = ("as", [bus_string("GPU", str(g)) for g in names])
         if isolate is not None:
             options["Isolate"] = ("b", bool(isolate))
         options.update(session_option(session))

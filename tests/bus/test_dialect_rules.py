@@ -258,3 +258,19 @@ def test_more_gpus_than_there_are_exits_3_on_every_command(clocked_daemon, comma
     at = command.index("--") if "--" in command else len(command)
     r = gpuctl(*command[:at], "--gpus", "5", *command[at:])
     assert r.returncode == 3, (command, r.returncode, r.stderr)
+
+
+def test_run_and_claim_take_gpu_and_exclude_as_book_does(clocked_daemon, owner):
+    clocked_daemon(gpus=4)
+    r = gpuctl("claim", "--gpu", "2", "--owner-pid", str(owner.pid), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["allocation"]["gpu_indices"] == [2]
+    r = gpuctl("claim", "--gpu", "1", "--vram", "20G", "--owner-pid", str(owner.pid), "--json")
+    assert json.loads(r.stdout)["allocation"]["gpu_indices"] == [1]
+    ran = gpuctl("run", "--exclude", "0,1,2", "--index", "--", "sh", "-c",
+                 'echo "$CUDA_VISIBLE_DEVICES"')
+    assert (ran.returncode, ran.stdout.strip()) == (0, "3"), ran.stderr  # gpu3, the one left
+    r = gpuctl("claim", "--gpu", "2", "--owner-pid", str(owner.pid))
+    assert r.returncode == 3, r.stderr  # its one GPU is taken
+    r = gpuctl("claim", "--gpus", "2", "--gpu", "1", "--owner-pid", str(owner.pid))
+    assert r.returncode == 2 and "2 GPU(s) asked and 1 named" in r.stderr

@@ -364,3 +364,17 @@ def test_every_json_command_fails_in_json_too(capsys):
         assert error == {"code": "InvalidArgs", "exit_code": 2, "message": error["message"]}
         assert "No such option '--no-such-option'" in error["message"]
         assert err.startswith("gpuctl: No such option"), path
+
+
+# --- rule 2: one request vocabulary ----------------------------------------------------------
+
+REQUEST = {"--gpus", "-G", "--gpu", "--exclude", "--vram", "--ram", "--cpu", "--pool", "--label",
+           "--task-name", "--for", "-t"}
+"""What is asked for, as run, claim and book all take it."""
+
+
+def test_run_claim_and_book_take_the_same_request_options():
+    tree = dict(commands())
+    for name in ("run", "claim", "book"):
+        taken = {o for p in tree[("gpuctl", name)].params for o in getattr(p, "opts", ())}
+        assert REQUEST <= taken, (name, sorted(REQUEST - taken))
