@@ -1,7 +1,7 @@
 """The one error vocabulary shared by the core, the bus, the client and gpuctl.
 
     ResourcedError                  never raised itself; .code is stable
-    ├── InvalidRequest              bad arguments (org.freedesktop.DBus.Error.InvalidArgs)
+    ├── InvalidArgs                 bad arguments (org.freedesktop.DBus.Error.InvalidArgs)
     ├── NotEnoughGPUs               all-or-nothing refusal
     ├── NotEnoughCapacity           a pool (or VRAM) is short; also: more than it holds
     ├── NoSuchPool                  a request names a pool that does not exist
@@ -12,7 +12,7 @@
     ├── NotClaimOwner               touching another user's claim or booking
     ├── StillInUse                  a release while the claim's processes still use its GPUs
     ├── AccessDenied                the bus or polkit said no
-    ├── InteractionRequired         polkit would allow it after authentication
+    ├── InteractiveAuthorizationRequired  polkit would allow it after authentication
     ├── DaemonUnreachable           nobody owns org.resourced (client side only)
     ├── LimitExceeded               a per-user or per-session limit (claims, waiting
     │                               claims, GPUs, booked GPU-hours) is reached
@@ -21,6 +21,8 @@
 The core raises these; the bus adapter turns ``code`` into a D-Bus error name
 (``org.resourced.Error.<code>`` or a standard name), the client turns the name back into
 the same class, and gpuctl maps the class to an exit code.  Append only: codes are API.
+Each class is named as its code; ``InvalidRequest`` and ``InteractionRequired`` are their
+earlier names, kept for code written against them.
 """
 
 ERROR_PREFIX = "org.resourced.Error."
@@ -50,7 +52,7 @@ class ResourcedError(Exception):
         return cls.dbus_name or ERROR_PREFIX + cls.code
 
 
-class InvalidRequest(ResourcedError):
+class InvalidArgs(ResourcedError):
     """The arguments make no sense (zero GPUs, unknown option, a pid that does not exist)."""
 
     code = "InvalidArgs"
@@ -118,7 +120,7 @@ class AccessDenied(ResourcedError):
     dbus_name = "org.freedesktop.DBus.Error.AccessDenied"
 
 
-class InteractionRequired(ResourcedError):
+class InteractiveAuthorizationRequired(ResourcedError):
     """polkit would allow it after authentication (run from a terminal, or ask an admin)."""
 
     code = "InteractiveAuthorizationRequired"
@@ -145,7 +147,7 @@ class Internal(ResourcedError):
 
 
 ALL_ERRORS: tuple[type[ResourcedError], ...] = (
-    InvalidRequest,
+    InvalidArgs,
     NotEnoughGPUs,
     NotEnoughCapacity,
     NoSuchPool,
@@ -156,7 +158,7 @@ ALL_ERRORS: tuple[type[ResourcedError], ...] = (
     NotClaimOwner,
     StillInUse,
     AccessDenied,
-    InteractionRequired,
+    InteractiveAuthorizationRequired,
     DaemonUnreachable,
     LimitExceeded,
     Internal,
@@ -189,7 +191,11 @@ def error_from_bus(name: str, message: str) -> ResourcedError:
     if name in UNREACHABLE_NAMES:
         return DaemonUnreachable(message or "the resourced daemon is not running")
     if name == "org.freedesktop.DBus.Error.UnknownMethod":
-        return InvalidRequest(message)
+        return InvalidArgs(message)
     if name == "org.freedesktop.DBus.Error.UnknownObject":  # a claim's object, gone
         return NoSuchClaim(message or "no such claim (unknown or already released)")
     return Internal(f"{name}: {message}" if message else name)
+
+
+InvalidRequest = InvalidArgs
+InteractionRequired = InteractiveAuthorizationRequired

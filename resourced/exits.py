@@ -4,9 +4,9 @@ from resourced.errors import (
     AccessDenied,
     DaemonUnreachable,
     GPUsBusy,
-    InteractionRequired,
+    InteractiveAuthorizationRequired,
     Internal,
-    InvalidRequest,
+    InvalidArgs,
     LimitExceeded,
     NoSuchClaim,
     NoSuchPool,
@@ -36,7 +36,7 @@ EXIT_CHECK_FAILED = 13  # gpuctl doctor: a check failed (with --strict: or warne
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 
 EXIT_CODES: dict[type[ResourcedError], int] = {
-    InvalidRequest: EXIT_USAGE,
+    InvalidArgs: EXIT_USAGE,
     NotEnoughGPUs: EXIT_NOT_ENOUGH_GPUS,
     NotEnoughCapacity: EXIT_NOT_ENOUGH_GPUS,
     NoSuchPool: EXIT_USAGE,
@@ -47,7 +47,7 @@ EXIT_CODES: dict[type[ResourcedError], int] = {
     NotProcessOwner: EXIT_NOT_YOURS,
     NotClaimOwner: EXIT_NOT_YOURS,
     AccessDenied: EXIT_ACCESS_DENIED,
-    InteractionRequired: EXIT_ACCESS_DENIED,
+    InteractiveAuthorizationRequired: EXIT_ACCESS_DENIED,
     StillInUse: EXIT_STILL_IN_USE,
     LimitExceeded: EXIT_LIMIT,
     Internal: EXIT_FAILURE,

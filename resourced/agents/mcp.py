@@ -92,7 +92,7 @@ class Bus(SharedClient):
         """``fn(client)`` once per operation id: the same id with the same ``request``
         answers the first result; with another request it is refused.  A dry run neither
         looks at nor records the id (as the daemon does for bookings)."""
-        from resourced.errors import InvalidRequest
+        from resourced.errors import InvalidArgs
 
         if dry_run:
             return self.call(fn)
@@ -102,8 +102,8 @@ class Bus(SharedClient):
             if op_id in self._done:
                 first, result = self._done[op_id]
                 if first != fingerprint:
-                    raise InvalidRequest(f"operation id {op_id!r} was used for another request"
-                                         "; use a new id for a new intent")
+                    raise InvalidArgs(f"operation id {op_id!r} was used for another request"
+                                      "; use a new id for a new intent")
                 return result
             result = fn(client)
             self._done[op_id] = (fingerprint, result)

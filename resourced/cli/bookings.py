@@ -53,7 +53,7 @@ class When(click.ParamType):
 
     def convert(self, value, param, ctx):
         from resourced.client.bookings import instant, now_usec
-        from resourced.errors import InvalidRequest
+        from resourced.errors import InvalidArgs
         from resourced.protocol.when import parse_duration
 
         if isinstance(value, int):
@@ -63,7 +63,7 @@ class When(click.ParamType):
                 return now_usec() - int(parse_duration(value) * 1e6)
         try:
             return instant("time", value)
-        except InvalidRequest as exc:
+        except InvalidArgs as exc:
             self.fail(exc.message.removeprefix("time: "), param, ctx)
 
 

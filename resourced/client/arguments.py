@@ -1,29 +1,29 @@
 """What a call sends: friendly arguments, checked, as the bus's types and options.
 
-Every refusal is an ``InvalidRequest`` raised before anything is sent (never a
+Every refusal is an ``InvalidArgs`` raised before anything is sent (never a
 ``struct.error`` from the encoder later).
 """
 
 import os
 
-from resourced.errors import InvalidRequest
+from resourced.errors import InvalidArgs
 
 
 def parsed(parser: str, value, *name: str) -> int:
     """``resourced.protocol.amounts``' ``parser`` (parse_amount, parse_memory, parse_count) of
-    ``value``; its refusal as InvalidRequest."""
+    ``value``; its refusal as InvalidArgs."""
     from resourced.protocol import amounts
 
     try:
         return getattr(amounts, parser)(value, *name)
     except ValueError as exc:
-        raise InvalidRequest(str(exc)) from None
+        raise InvalidArgs(str(exc)) from None
 
 
 def bus_whole(name: str, value, low: int, high: int) -> int:
-    """A whole number the bus can carry, or InvalidRequest (never a struct.error later)."""
+    """A whole number the bus can carry, or InvalidArgs (never a struct.error later)."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidRequest(f"{name} must be a whole number from {low} to {high}, not {value!r}")
+        raise InvalidArgs(f"{name} must be a whole number from {low} to {high}, not {value!r}")
     return value
 
 
@@ -31,13 +31,13 @@ def bus_string(name: str, value) -> str:
     """A string the bus accepts: D-Bus strings are UTF-8 without NUL (the bus drops a
     connection that sends one)."""
     if not isinstance(value, str):
-        raise InvalidRequest(f"{name} must be a string, not {value!r}")
+        raise InvalidArgs(f"{name} must be a string, not {value!r}")
     if "\0" in value:
-        raise InvalidRequest(f"{name} must not contain a NUL character")
+        raise InvalidArgs(f"{name} must not contain a NUL character")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidRequest(f"{name} is not valid UTF-8 text") from None
+        raise InvalidArgs(f"{name} is not valid UTF-8 text") from None
     return value
 
 
@@ -61,7 +61,7 @@ def memory_and_counts(vram=None, ram=None, cpu=None, pools=None, vram_mb=None, r
     file-lock library's names); cpu a whole count; other pools as ``parse_amount`` reads."""
     for given, in_mib, name in ((vram, vram_mb, "vram"), (ram, ram_mb, "ram")):
         if given is not None and in_mib is not None:
-            raise InvalidRequest(f"give {name} or {name}_mb, not both")
+            raise InvalidArgs(f"give {name} or {name}_mb, not both")
     if vram_mb is not None:
         vram = bus_whole("vram_mb", vram_mb, 1, UINT32_MAX) * 1024**2
     if ram_mb is not None:
@@ -96,8 +96,8 @@ def span(name: str, value) -> int:
         try:
             value = parse_duration(value)
         except ValueError as exc:
-            raise InvalidRequest(f"{name}: {exc}") from None
+            raise InvalidArgs(f"{name}: {exc}") from None
     if (isinstance(value, bool) or not isinstance(value, (int, float))
             or not 0 < value < 2**63 / 1e6):
-        raise InvalidRequest(f"{name} must be more than 0 seconds, not {value!r}")
+        raise InvalidArgs(f"{name} must be more than 0 seconds, not {value!r}")
     return int(value * 1_000_000)

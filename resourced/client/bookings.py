@@ -10,7 +10,7 @@ Times: ``start``, ``until``, ``since`` accept a string as gpuctl reads it (``+30
 
 from jeepney import DBusAddress, new_method_call
 
-from resourced.errors import InvalidRequest
+from resourced.errors import InvalidArgs
 from resourced.protocol.names import BUS_NAME, MANAGER_IFACE, MANAGER_PATH
 
 from .arguments import (
@@ -35,7 +35,7 @@ def now_usec() -> int:
     try:
         return clock_from_env()[0]()
     except ValueError as exc:
-        raise InvalidRequest(str(exc)) from None
+        raise InvalidArgs(str(exc)) from None
 
 
 def local_now(usec: int | None = None):
@@ -67,15 +67,15 @@ def instant(name: str, value, now: int | None = None) -> int:
         try:
             exact = usec(parse_when(value, local_now(now)))
         except ValueError as exc:
-            raise InvalidRequest(f"{name}: {exc}") from None
+            raise InvalidArgs(f"{name}: {exc}") from None
         return whole_second(exact)
     if isinstance(value, datetime):
         if value.tzinfo is None:
-            raise InvalidRequest(f"{name} must be an aware datetime (with a zone)")
+            raise InvalidArgs(f"{name} must be an aware datetime (with a zone)")
         return usec(value)
     if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 2**63 / 1e6:
         return int(value * 1_000_000)
-    raise InvalidRequest(f"{name} must be a time (text, datetime or epoch seconds), not {value!r}")
+    raise InvalidArgs(f"{name} must be a time (text, datetime or epoch seconds), not {value!r}")
 
 
 def request_options(gpus=None, duration=None, start=None, gpu_names=None, exclude=None,
@@ -176,7 +176,7 @@ def change_options(op_id: str = "", dry_run: bool = False) -> tuple[str, dict]:
 def end_message(ref: str, by=None, until=None, op_id: str = "", dry_run: bool = False):
     """SetBookingEnd: ``by`` a duration past the end it has, or ``until`` a time."""
     if (by is None) == (until is None):
-        raise InvalidRequest("give exactly one of by (a duration) or until (a time)")
+        raise InvalidArgs("give exactly one of by (a duration) or until (a time)")
     _, options = change_options(op_id, dry_run)
     if by is not None:
         options["ByUSec"] = ("t", span("by", by))

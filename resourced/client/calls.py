@@ -20,7 +20,7 @@ from jeepney.low_level import HeaderFields
 from resourced.errors import (
     DaemonUnreachable,
     GPUsBusy,
-    InvalidRequest,
+    InvalidArgs,
     NoSuchClaim,
     NotEnoughCapacity,
     NotEnoughGPUs,
@@ -370,7 +370,7 @@ class Calls(BookingCalls):
             options["ReplyWhenGranted"] = ("b", True)
         if timeout is not None:
             if not 0 <= timeout < 2**63 / 1e6:
-                raise InvalidRequest(
+                raise InvalidArgs(
                     f"timeout must be a number of seconds of at least 0, not {timeout!r}")
             options["QueueTimeoutUSec"] = ("t", int(timeout * 1e6))
         if reclaimable:

@@ -16,7 +16,7 @@ pathlib: paths are strings here), as every client start may read this.
 import os
 from collections import namedtuple
 
-from resourced.errors import AccessDenied, DaemonUnreachable, InvalidRequest
+from resourced.errors import AccessDenied, DaemonUnreachable, InvalidArgs
 from resourced.linux.users import user_name
 from resourced.linux.xdg import base_dir
 from resourced.protocol.names import BUS_NAME, SHARED_SOCKET, shared_bus_address
@@ -32,7 +32,7 @@ def named_bus(bus: str | None, environ=os.environ) -> str | None:
     """The bus named by the caller, else by ``$RESOURCED_BUS``; None: none is."""
     bus = bus or environ.get("RESOURCED_BUS") or None
     if bus is not None and bus not in BUSES:
-        raise InvalidRequest(f"bus must be 'session', 'system' or 'shared', not {bus!r}")
+        raise InvalidArgs(f"bus must be 'session', 'system' or 'shared', not {bus!r}")
     return bus
 
 

@@ -11,7 +11,7 @@ import os
 
 from jeepney.low_level import HeaderFields, MessageType
 
-from resourced.errors import DaemonUnreachable, InvalidRequest, NoSuchClaim, QueueTimeout
+from resourced.errors import DaemonUnreachable, InvalidArgs, NoSuchClaim, QueueTimeout
 from resourced.protocol.names import CLAIM_IFACE, MANAGER_IFACE, MANAGER_PATH
 
 from . import signals
@@ -149,8 +149,8 @@ def _claim_answer(client, reply):
         return client._body(reply)
     except DaemonUnreachable:
         raise client._not_running(client.bus) from None
-    except InvalidRequest as exc:
-        if error == InvalidRequest.bus_name() and "'ReplyWhenGranted'" in exc.message:
+    except InvalidArgs as exc:
+        if error == InvalidArgs.bus_name() and "'ReplyWhenGranted'" in exc.message:
             return _NOT_KEPT
         raise
 

@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, replace
 
 from resourced.errors import (
-    InvalidRequest,
+    InvalidArgs,
     LimitExceeded,
     NoSuchClaim,
     NoSuchPool,
@@ -84,15 +84,15 @@ class BookingRequest:
 
     def __post_init__(self):
         if self.duration_usec <= 0:
-            raise InvalidRequest("a booking must last more than 0 seconds")
+            raise InvalidArgs("a booking must last more than 0 seconds")
         check_instant("the end", (self.start_usec or 0) + self.duration_usec)
         if set(self.named) & set(self.excluded):
-            raise InvalidRequest("a GPU cannot be both wanted and excluded")
+            raise InvalidArgs("a GPU cannot be both wanted and excluded")
         share = self.demand.gpus == 0 and self.demand.vram > 0
         if self.named and (len(self.named) != 1 if share else
                            self.demand.gpus != len(self.named)):
-            raise InvalidRequest("named GPUs are booked whole, one each (or one named GPU "
-                                 "holds a share: --gpu 1 --vram 24G)")
+            raise InvalidArgs("named GPUs are booked whole, one each (or one named GPU "
+                              "holds a share: --gpu 1 --vram 24G)")
         check_text("label", self.label)
         check_text("task name", self.task_name)
 
@@ -238,7 +238,7 @@ class Calendar:
             seen = self._ops.get((uid, op_id))
             if seen is not None:
                 if seen[0] != request.fingerprint():
-                    raise InvalidRequest(f"operation id {quoted(op_id)} was used for another request")
+                    raise InvalidArgs(f"operation id {quoted(op_id)} was used for another request")
                 return self.bookings[seen[1]], "exists", []
         live = self._live_of.get(uid, 0)
         if uid not in self.limits.exempt and self.limits.per_user and live >= self.limits.per_user:
@@ -264,8 +264,8 @@ class Calendar:
     def _edit(self, booking_id, request, uid, now, admin):
         old = self._own(booking_id, uid, admin)
         if old.state != SCHEDULED:
-            raise InvalidRequest(f"booking {booking_id} has started: only its end can change "
-                                 "(extend, or shrink down to now)")
+            raise InvalidArgs(f"booking {booking_id} has started: only its end can change "
+                              "(extend, or shrink down to now)")
         start, gpus, share = self._admit(request, now, ignore=frozenset({booking_id}),
                                          kept=(old.start_usec, old.end_usec))
         new = replace(old, request=request, start_usec=start,
@@ -287,13 +287,13 @@ class Calendar:
         if by_usec:
             end_usec = old.end_usec + by_usec
         if old.state == ENDED:
-            raise InvalidRequest(f"booking {booking_id} has ended")
+            raise InvalidArgs(f"booking {booking_id} has ended")
         floor = max(now, old.start_usec)
         check_instant("the new end", end_usec)
         if end_usec <= floor:
-            raise InvalidRequest("the new end must be after now and after the start")
+            raise InvalidArgs("the new end must be after now and after the start")
         if end_usec - old.start_usec > self.limits.longest * 1e6 > 0:
-            raise InvalidRequest(f"a booking may last at most {_span(self.limits.longest)}")
+            raise InvalidArgs(f"a booking may last at most {_span(self.limits.longest)}")
         if end_usec > old.end_usec:
             added = replace(old.request, duration_usec=end_usec - old.end_usec, start_usec=None)
             placed = self.timeline.fit(added.takes, old.end_usec, added.duration_usec,
@@ -319,10 +319,10 @@ class Calendar:
         if old.state == ENDED:
             if old.ended == CANCELLED and uid == old.uid:  # its owner's retry: it happened
                 return old, []
-            raise InvalidRequest(f"booking {booking_id} ended already ({old.ended} at "
-                                 f"{utc_text(old.ended_usec)})")
+            raise InvalidArgs(f"booking {booking_id} ended already ({old.ended} at "
+                              f"{utc_text(old.ended_usec)})")
         if uid != old.uid and uid != 0 and not reason:
-            raise InvalidRequest("cancelling someone else's booking needs a reason")
+            raise InvalidArgs("cancelling someone else's booking needs a reason")
         check_text("reason", reason)
         how = CANCELLED if old.state == SCHEDULED else RELEASED
         return self._end(old, how, uid, reason, now)
@@ -332,7 +332,7 @@ class Calendar:
         """End an active booking whose GPUs its owner never used (ended ``NO_SHOW``)."""
         old = self.bookings[booking_id]
         if old.state != ACTIVE:
-            raise InvalidRequest(f"booking {booking_id} is not active")
+            raise InvalidArgs(f"booking {booking_id} is not active")
         return self._end(old, NO_SHOW, -1, reason, now)
 
     def set_job(self, booking_id: str, uid: int, state: str, exit_code: int = -1,
@@ -342,11 +342,11 @@ class Calendar:
         in any state, then only the moves of ``JOB`` (or the same state again)."""
         old = self._own(booking_id, uid, admin=False)
         if state not in JOB_STATES:
-            raise InvalidRequest(f"job state must be one of {', '.join(JOB_STATES)}, not "
-                                 f"{quoted(state)}")
+            raise InvalidArgs(f"job state must be one of {', '.join(JOB_STATES)}, not "
+                              f"{quoted(state)}")
         if old.job and state != old.job and not JOB.allows(old.job, state):
-            raise InvalidRequest(f"the command of {booking_id} is {old.job}: it cannot become "
-                                 f"{state}")
+            raise InvalidArgs(f"the command of {booking_id} is {old.job}: it cannot become "
+                              f"{state}")
         check_text("detail", detail)
         booking = replace(old, job=state, job_exit=exit_code, job_detail=detail)
         self.bookings[booking_id] = booking  # the hold is the same: the job is not held
@@ -381,7 +381,7 @@ class Calendar:
     # -- notices -----------------------------------------------------------------------
     def add_notice(self, notice: Notice) -> None:
         if not notice.text.strip():
-            raise InvalidRequest("a notice needs a text")
+            raise InvalidArgs("a notice needs a text")
         check_instant("the notice's end", notice.until_usec)
         check_text("notice", notice.text)
         self.notices[notice.id] = notice
@@ -397,7 +397,7 @@ class Calendar:
         """Nothing new is placed in the window; the bookings already in it stay (returned,
         so their owners can be told)."""
         if blackout.end_usec <= blackout.start_usec:
-            raise InvalidRequest("a blackout must end after it starts")
+            raise InvalidArgs("a blackout must end after it starts")
         check_instant("the blackout's end", blackout.end_usec)
         check_text("reason", blackout.reason)
         self.blackouts[blackout.id] = blackout
@@ -459,7 +459,7 @@ class Calendar:
         seen = self._ops.get((uid, op_id))
         if seen is not None:
             if seen[0] != fingerprint:
-                raise InvalidRequest(f"operation id {quoted(op_id)} was used for another request")
+                raise InvalidArgs(f"operation id {quoted(op_id)} was used for another request")
             return self.bookings[seen[1]], []
         booking, events = change()
         booking = replace(booking, ops=(*booking.ops, (uid, op_id, fingerprint)))
@@ -479,7 +479,7 @@ class Calendar:
         start = request.start_usec
         if start is not None:
             if start < now:
-                raise InvalidRequest("the start is in the past")
+                raise InvalidArgs("the start is in the past")
             self._check_horizon(start, now)
             placed = self.timeline.fit(demand, start, duration, ignore, allowed, blocked)
             if placed is None:
@@ -523,12 +523,12 @@ class Calendar:
     def _check_request(self, request: BookingRequest) -> None:
         """What makes a request impossible whenever it is: too long, more than there is."""
         if self.limits.longest and request.duration_usec > self.limits.longest * 1e6:
-            raise InvalidRequest(f"a booking may last at most {_span(self.limits.longest)}")
+            raise InvalidArgs(f"a booking may last at most {_span(self.limits.longest)}")
         _check_satisfiable(request, self.timeline)
 
     def _check_horizon(self, start: int, now: int) -> None:
         if self.limits.horizon and start - now > self.limits.horizon * 1e6:
-            raise InvalidRequest(f"bookings may start at most {_span(self.limits.horizon)} ahead")
+            raise InvalidArgs(f"bookings may start at most {_span(self.limits.horizon)} ahead")
 
     def _blocked(self, kept: tuple[int, int] | None = None) -> tuple[tuple[int, int], ...]:
         """The blackout windows, less the time ``kept`` (what an edited booking had)."""
@@ -616,7 +616,7 @@ class Calendar:
 
 def check_instant(name: str, usec: int) -> None:
     if not 0 <= usec <= LAST_INSTANT:
-        raise InvalidRequest(f"{name} is out of range: times run up to the year 9999")
+        raise InvalidArgs(f"{name} is out of range: times run up to the year 9999")
 
 
 def _gpus(whole: tuple[str, ...], share: str) -> tuple[str, ...]:
@@ -645,7 +645,7 @@ def _check_satisfiable(request: BookingRequest, timeline: Timeline) -> None:
     gpus = [u for u in timeline.memory if allowed is None or u in allowed]
     unknown = set(request.named + request.excluded) - set(timeline.memory)
     if unknown:
-        raise InvalidRequest(f"no GPU {quoted(min(unknown))}")
+        raise InvalidArgs(f"no GPU {quoted(min(unknown))}")
     # More than there is: refused as a claim is (never_fits), whatever is asked.
     if demand.gpus > len(gpus):
         raise NotEnoughGPUs(f"{demand.gpus} GPU(s) wanted, {len(gpus)} may be used")

@@ -4,7 +4,7 @@ import functools
 import sys
 from dataclasses import dataclass, field
 
-from resourced.errors import InvalidRequest, quoted
+from resourced.errors import InvalidArgs, quoted
 
 from .lifecycle import GRANTED
 
@@ -44,11 +44,11 @@ class Demand:
 
     def __post_init__(self):
         if self.gpus < 0 or self.vram < 0 or any(a <= 0 for _, a in self.pools):
-            raise InvalidRequest("amounts must be positive")
+            raise InvalidArgs("amounts must be positive")
         if not (self.gpus or self.vram or self.pools):
-            raise InvalidRequest("nothing requested: ask for GPUs, VRAM or a pool amount")
+            raise InvalidArgs("nothing requested: ask for GPUs, VRAM or a pool amount")
         if self.gpus and self.vram:
-            raise InvalidRequest("ask for whole GPUs or for VRAM on a shared GPU, not both")
+            raise InvalidArgs("ask for whole GPUs or for VRAM on a shared GPU, not both")
 
     @property
     def wants_gpu(self) -> bool:
@@ -96,7 +96,7 @@ class ClaimRequest:
 
     def __post_init__(self):
         if self.mode not in MODES:
-            raise InvalidRequest(f"mode must be one of {', '.join(MODES)}, not {quoted(self.mode)}")
+            raise InvalidArgs(f"mode must be one of {', '.join(MODES)}, not {quoted(self.mode)}")
         for name, text in (("label", self.label), ("task name", self.task_name)):
             check_text(name, text)
 
@@ -120,17 +120,17 @@ def check_session(name: str) -> None:
     default one (``sid:N``)."""
     default = name.startswith("sid:") and name[4:].isdigit() and name[4:].isascii()
     if not 0 < len(name) <= MAX_SESSION or not (default or set(name) <= SESSION_CHARACTERS):
-        raise InvalidRequest(f"session {quoted(name)} must be 1 to {MAX_SESSION} letters, digits "
-                             "or . _ @ + -")
+        raise InvalidArgs(f"session {quoted(name)} must be 1 to {MAX_SESSION} letters, digits "
+                          "or . _ @ + -")
 
 
 def check_text(name: str, text: str) -> None:
     """A label or task name is one short line: at most MAX_TEXT characters, no control
     characters (they would break the tables and logs that show it)."""
     if len(text) > MAX_TEXT:
-        raise InvalidRequest(f"{name} is {len(text)} characters long, at most {MAX_TEXT} may be")
+        raise InvalidArgs(f"{name} is {len(text)} characters long, at most {MAX_TEXT} may be")
     if any(ord(c) < 0x20 or ord(c) == 0x7f for c in text):
-        raise InvalidRequest(f"{name} must not contain control characters (newlines, tabs)")
+        raise InvalidArgs(f"{name} must not contain control characters (newlines, tabs)")
 
 
 @dataclass(slots=True)

@@ -43,7 +43,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
 from resourced.errors import (
-    InvalidRequest,
+    InvalidArgs,
     NoSuchClaim,
     NotEnoughGPUs,
     ResourcedError,
@@ -236,7 +236,7 @@ class Ledger:
         for g in self.gpus.values():
             if name in (g.uuid, g.label, str(g.index)):
                 return g
-        raise InvalidRequest(f"no GPU called {quoted(name)}")
+        raise InvalidArgs(f"no GPU called {quoted(name)}")
 
     # -- decisions -------------------------------------------------------------------
     def submit(self, request: ClaimRequest, claim_id: str, now_usec: int,
@@ -250,7 +250,7 @@ class Ledger:
         or not, and changes nothing.
         """
         if claim_id in self.claims:
-            raise InvalidRequest(f"claim id {claim_id!r} is taken")
+            raise InvalidArgs(f"claim id {claim_id!r} is taken")
         never_fits(self, request.demand, request.on)
         self._seq += 1
         claim = Claim(
@@ -296,7 +296,7 @@ class Ledger:
         head of the queue for exactly its GPUs and is granted at once when they are free,
         as the calendar made sure; if a claim overstays, it is asked back."""
         if booking_id in self.claims:
-            raise InvalidRequest(f"claim id {booking_id!r} is taken")
+            raise InvalidArgs(f"claim id {booking_id!r} is taken")
         self._seq += 1
         claim = Claim(id=booking_id, mode=BOOKING, demand=demand, owner=ProcessRef(0, 0),
                       uid=uid, user=user, label=label, task_name=task_name,
@@ -313,7 +313,7 @@ class Ledger:
         no evidence to look at.  Refused only if one of our claims holds one of them (the
         GPU is not Slurm's by the config, and both handed it out)."""
         if claim_id in self.claims:
-            raise InvalidRequest(f"claim id {claim_id!r} is taken")
+            raise InvalidArgs(f"claim id {claim_id!r} is taken")
         held = sorted({c.id for u in gpus for c in self.claims_on(u)})
         if held:
             names = ", ".join(self.gpus[u].label for u in gpus)

@@ -415,11 +415,11 @@ class Runner:
     # -- small helpers -----------------------------------------------------------------
     def now(self) -> int:
         from resourced.client.bookings import now_usec
-        from resourced.errors import InvalidRequest
+        from resourced.errors import InvalidArgs
 
         try:
             return now_usec()
-        except InvalidRequest as exc:  # a simulated clock file gone bad: the last word is
+        except InvalidArgs as exc:  # a simulated clock file gone bad: the last word is
             log.warning("%s; using the wall clock", exc)
             return time.time_ns() // 1000
 

@@ -17,7 +17,7 @@ import pytest
 from resourced.client.aio import AsyncClient
 from resourced.client.sync import Client
 from resourced.errors import (
-    InvalidRequest,
+    InvalidArgs,
     NoSuchClaim,
     NotEnoughCapacity,
     NotEnoughGPUs,
@@ -257,24 +257,24 @@ def test_earliest_fit_and_an_exact_start_that_names_the_nearest_fit(clocked_daem
 
 BAD_REQUESTS = {
     "a start in the past": ({"duration": "1h", "gpus": 1, "start": "2026-12-01T08:00:00Z"},
-                            InvalidRequest, "past"),
+                            InvalidArgs, "past"),
     "no duration": ({"duration": 0, "gpus": 1, "start": "2026-12-01T10:00:00Z"},
-                    InvalidRequest, "more than 0"),
-    "a zero duration as text": ({"duration": "0s", "gpus": 1}, InvalidRequest, "more than 0"),
-    "a negative duration": ({"duration": -60, "gpus": 1}, InvalidRequest, "more than 0"),
+                    InvalidArgs, "more than 0"),
+    "a zero duration as text": ({"duration": "0s", "gpus": 1}, InvalidArgs, "more than 0"),
+    "a negative duration": ({"duration": -60, "gpus": 1}, InvalidArgs, "more than 0"),
     "more GPUs than exist": ({"duration": "1h", "gpus": 5}, NotEnoughGPUs, "5 GPU"),
-    "an unknown GPU": ({"duration": "1h", "gpu_names": ["nope"]}, InvalidRequest, "no GPU"),
+    "an unknown GPU": ({"duration": "1h", "gpu_names": ["nope"]}, InvalidArgs, "no GPU"),
     "an unknown excluded GPU": ({"duration": "1h", "gpus": 1, "exclude": ["nope"]},
-                                InvalidRequest, "no GPU"),
+                                InvalidArgs, "no GPU"),
     "a GPU wanted and excluded": ({"duration": "1h", "gpu_names": ["0"], "exclude": ["0"]},
-                                  InvalidRequest, "wanted and excluded"),
+                                  InvalidArgs, "wanted and excluded"),
     "every GPU excluded": ({"duration": "1h", "gpus": 1, "exclude": ["0", "1", "2", "3"]},
                            NotEnoughGPUs, "may be used"),
-    "longer than the longest booking": ({"duration": "8d", "gpus": 1}, InvalidRequest, "at most"),
+    "longer than the longest booking": ({"duration": "8d", "gpus": 1}, InvalidArgs, "at most"),
     "beyond the horizon": ({"duration": "1h", "gpus": 1, "start": "2027-01-15T09:00:00Z"},
-                           InvalidRequest, "ahead"),
+                           InvalidArgs, "ahead"),
     "more VRAM than a GPU has": ({"duration": "1h", "vram": 81 * G}, ResourcedError, None),
-    "a bad start": ({"duration": "1h", "gpus": 1, "start": "someday"}, InvalidRequest, "start"),
+    "a bad start": ({"duration": "1h", "gpus": 1, "start": "someday"}, InvalidArgs, "start"),
 }
 
 
@@ -291,20 +291,20 @@ def test_bad_changes_to_a_booking_are_refused_and_change_nothing(clocked_daemon)
     mine = book(duration="1h", gpus=1, start="2026-12-01T10:00:00Z")
     other = book(duration="1h", gpus=1, start="2026-12-01T11:00:00Z")
     with client() as c:
-        unchanged(lambda: c.edit(mine["id"], start="2026-12-01T08:00:00Z"), InvalidRequest)
-        unchanged(lambda: c.edit(mine["id"], duration=0), InvalidRequest)
+        unchanged(lambda: c.edit(mine["id"], start="2026-12-01T08:00:00Z"), InvalidArgs)
+        unchanged(lambda: c.edit(mine["id"], duration=0), InvalidArgs)
         unchanged(lambda: c.edit(mine["id"], gpus=3), NotEnoughGPUs)
-        unchanged(lambda: c.edit(mine["id"], duration="8d"), InvalidRequest)
+        unchanged(lambda: c.edit(mine["id"], duration="8d"), InvalidArgs)
         unchanged(lambda: c.edit(mine["id"], gpus=2, duration="2h"), NotEnoughCapacity)
-        unchanged(lambda: c.extend(mine["id"], until="2026-12-01T09:30:00Z"), InvalidRequest)
-        unchanged(lambda: c.extend(mine["id"], by="8d"), InvalidRequest)
-        unchanged(lambda: c.extend(mine["id"]), InvalidRequest)
+        unchanged(lambda: c.extend(mine["id"], until="2026-12-01T09:30:00Z"), InvalidArgs)
+        unchanged(lambda: c.extend(mine["id"], by="8d"), InvalidArgs)
+        unchanged(lambda: c.extend(mine["id"]), InvalidArgs)
         unchanged(lambda: c.cancel("bnothere"), NoSuchClaim)
         unchanged(lambda: c.edit("bnothere", duration="1h"), NoSuchClaim)
         unchanged(lambda: c.booking("bnothere"), NoSuchClaim)
         cancelled = c.cancel(other["id"])
         assert c.cancel(other["id"]) == cancelled  # its owner's retry: it happened, exit 0
-        unchanged(lambda: c.extend(other["id"], by="1h"), InvalidRequest, "ended")
+        unchanged(lambda: c.extend(other["id"], by="1h"), InvalidArgs, "ended")
 
 
 def test_an_edit_moves_a_booking_and_frees_where_it_was(clocked_daemon):
@@ -335,7 +335,7 @@ def test_bookings_are_listed_by_start_in_pages_and_windows(clocked_daemon):
         assert [b["id"] for b in c.bookings(offset=4)] == by_start[4:]
         assert c.bookings(offset=5) == []
         assert [b["id"] for b in c.bookings(until="2026-12-01T12:00:00Z")] == by_start[:2]
-        with pytest.raises(InvalidRequest):
+        with pytest.raises(InvalidArgs):
             c.bookings(limit=0)
         c.cancel(by_start[0])
         # An ended booking is listed for a day after it ended, unless asked from later.
@@ -352,10 +352,10 @@ def test_an_operation_id_makes_a_booking_retry_safe(clocked_daemon):
         assert again["booking"] == first["booking"]
         assert len(c.bookings(all_users=True)) == 1
         err = unchanged(lambda: c.book("1h", gpus=1, start="2026-12-01T10:00:00Z",
-                                       op_id="op-1"), InvalidRequest)
+                                       op_id="op-1"), InvalidArgs)
         assert "op-1" in str(err)
         unchanged(lambda: c.book("2h", gpus=2, start="2026-12-01T10:00:00Z", op_id="op-1"),
-                  InvalidRequest)
+                  InvalidArgs)
         # Another op id is another booking.
         other = c.book("1h", gpus=2, start="2026-12-01T10:00:00Z", op_id="op-2")
         assert other["status"] == "created" and other["booking"]["id"] != first["booking"]["id"]
@@ -370,7 +370,7 @@ def test_operation_ids_make_every_change_retry_safe_and_survive_a_restart(clocke
         assert longer["end_usec"] == c.extend(ref, by="1h", op_id="ext-1")["end_usec"]  # once
         moved = c.edit(ref, label="moved", start="2026-12-01T13:00:00Z", op_id="edit-1")
         assert c.edit(ref, label="moved", start="2026-12-01T13:00:00Z", op_id="edit-1") == moved
-        unchanged(lambda: c.extend(ref, by="2h", op_id="ext-1"), InvalidRequest, "ext-1")
+        unchanged(lambda: c.extend(ref, by="2h", op_id="ext-1"), InvalidArgs, "ext-1")
     assert first.stop() == 0
     clocked_daemon(gpus=2, runtime_dir=first.runtime_dir)
     with client() as c:
@@ -433,7 +433,7 @@ def test_an_active_booking_is_extended_and_shrunk(clocked_daemon, clock):
         tail = c.book("30m", gpus=2, start="2026-12-01T10:30:00Z")["booking"]
         assert sorted(tail["gpu_uuids"]) == sorted(b["gpu_uuids"])
         # Shrinking to now or before is refused.
-        unchanged(lambda: c.extend(b["id"], until="2026-12-01T10:00:00Z"), InvalidRequest)
+        unchanged(lambda: c.extend(b["id"], until="2026-12-01T10:00:00Z"), InvalidArgs)
     clock.set("2026-12-01T10:30:00Z")
     eventually(lambda: (claim_of(tail["id"]) or {}).get("state") == "granted", CLOCK_TIMEOUT)
     assert claim_of(b["id"]) is None
@@ -615,9 +615,9 @@ def test_a_blackout_refuses_new_bookings_and_keeps_the_old(clocked_daemon):
         ids = {b["id"]: b["state"] for b in c.bookings(all_users=True)}
         assert ids[old["id"]] == ids[outside["id"]] == "scheduled"
         unchanged(lambda: c.add_blackout("2026-12-01T08:00:00Z", "2026-12-01T08:30:00Z", "x"),
-                  InvalidRequest, "past")
+                  InvalidArgs, "past")
         unchanged(lambda: c.add_blackout("2026-12-01T16:00:00Z", "2026-12-01T15:00:00Z", "x"),
-                  InvalidRequest)
+                  InvalidArgs)
         c.remove_blackout(out["id"])
         assert c.blackouts() == []
         assert c.book("1h", gpus=1, start="2026-12-01T13:00:00Z")["status"] == "created"
@@ -656,7 +656,7 @@ def test_notices_show_in_status_until_their_time_or_removal(clocked_daemon, cloc
         texts = [n["text"] for n in c.status()["notices"]]
         assert texts == ["GPU 0 gets a new fan on Friday", "reboot at 10:00"]
         assert {n["id"] for n in c.notices()} == {lasting, brief}
-        with pytest.raises(InvalidRequest):
+        with pytest.raises(InvalidArgs):
             c.add_notice("   ")
     clock.set("2026-12-01T10:00:00Z")
     eventually(lambda: [n["id"] for n in status()["notices"]] == [lasting], CLOCK_TIMEOUT)

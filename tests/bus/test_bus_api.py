@@ -11,7 +11,7 @@ from dbus_fast.aio import MessageBus
 
 from resourced.client.aio import AsyncClient
 from resourced.client.sync import Client
-from resourced.errors import InvalidRequest, NoSuchClaim, NotEnoughGPUs
+from resourced.errors import InvalidArgs, NoSuchClaim, NotEnoughGPUs
 
 TIMEOUT = 10.0
 NAME = "org.resourced"
@@ -289,12 +289,12 @@ def test_clients_find_the_daemon_on_the_session_bus_when_no_bus_is_named(daemon,
 
 
 def test_an_unknown_bus_name_is_an_invalid_request(monkeypatch):
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidArgs):
         Client(bus="bogus")
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidArgs):
         AsyncClient(bus="bogus")
     monkeypatch.setenv("RESOURCED_BUS", "bogus")
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidArgs):
         Client()
 
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from resourced.client.sync import Client
-from resourced.errors import InvalidRequest
+from resourced.errors import InvalidArgs
 
 from ..conftest import gpuctl
 
@@ -39,9 +39,9 @@ def test_memory_needs_a_unit_and_a_count_is_whole(daemon, command, option, value
 
 def test_python_memory_is_bytes_of_at_least_a_mib_or_megabytes_by_name(daemon):
     with Client(bus="session") as c:
-        with pytest.raises(InvalidRequest, match="4000 what\\? 4000M or 4G"):
+        with pytest.raises(InvalidArgs, match="4000 what\\? 4000M or 4G"):
             c.claim(gpus=0, vram=4000, owner_pid=os.getpid())
-        with pytest.raises(InvalidRequest, match="give vram or vram_mb, not both"):
+        with pytest.raises(InvalidArgs, match="give vram or vram_mb, not both"):
             c.claim(gpus=0, vram="1G", vram_mb=1024, owner_pid=os.getpid())
         lease = c.claim(mode="run", gpus=0, vram_mb=4096, ram_mb=512, owner_pid=os.getpid())
         assert lease["allocation"]["vram_bytes"] == 4 << 30

@@ -12,7 +12,7 @@ from jeepney import DBusAddress, new_method_call
 from jeepney.io.blocking import open_dbus_connection
 
 from resourced.client.sync import Client
-from resourced.errors import InvalidRequest, ResourcedError
+from resourced.errors import InvalidArgs, ResourcedError
 
 from ..conftest import eventually, gpuctl
 from .test_evidence import Simulation, claims, procs, sim  # noqa: F401 - fixtures
@@ -58,9 +58,9 @@ def test_bad_input_is_one_line_and_its_exit_code(daemon, args, code, says):
 
 
 def test_a_huge_owner_pid_on_the_bus_is_invalid_args_not_internal(daemon):
-    with Client() as c, pytest.raises(InvalidRequest, match="out of range"):
+    with Client() as c, pytest.raises(InvalidArgs, match="out of range"):
         c._send(c._call("Claim", "ua{sv}", (1, {"Mode": ("s", "dev"), "OwnerPID": ("u", 2**32 - 1)})))
-    with Client() as c, pytest.raises(InvalidRequest, match="out of range"):
+    with Client() as c, pytest.raises(InvalidArgs, match="out of range"):
         c._send(c._call("Claim", "ua{sv}", (1, {"MemberPIDs": ("au", [2**32 - 1])})))
     assert "Traceback" not in daemon.log()
 
@@ -68,10 +68,10 @@ def test_a_huge_owner_pid_on_the_bus_is_invalid_args_not_internal(daemon):
 @pytest.mark.parametrize("field", ["label", "task_name"])
 def test_a_nul_byte_is_refused_before_sending_and_the_connection_lives(daemon, field):
     with Client() as c:
-        with pytest.raises(InvalidRequest, match="NUL"):
+        with pytest.raises(InvalidArgs, match="NUL"):
             c.claim(owner_pid=os.getpid(), **{field: "a\0b"})
         c.ping()  # the same connection still works: nothing reached the bus
-        with pytest.raises(InvalidRequest, match="whole number"):
+        with pytest.raises(InvalidArgs, match="whole number"):
             c.claim(owner_pid=os.getpid(), priority=2**40)
         c.ping()
 
@@ -221,16 +221,16 @@ def test_member_pids_are_taken_once_each_and_at_most_64(daemon):
     with Client() as c:
         granted = c.claim(owner_pid=os.getpid(), member_pids=[os.getpid()] * 10_000)
         c.release(granted["allocation"]["ref"], force=True)
-        with pytest.raises(InvalidRequest, match="at most 64"):
+        with pytest.raises(InvalidArgs, match="at most 64"):
             c.claim(owner_pid=os.getpid(), member_pids=range(1, 66))
 
 
 @pytest.mark.parametrize("field", ["label", "task_name"])
 def test_a_label_is_one_short_line(daemon, field):
     with Client() as c:
-        with pytest.raises(InvalidRequest, match="control characters"):
+        with pytest.raises(InvalidArgs, match="control characters"):
             c.claim(owner_pid=os.getpid(), **{field: "a\nb"})
-        with pytest.raises(InvalidRequest, match="at most 256"):
+        with pytest.raises(InvalidArgs, match="at most 256"):
             c.claim(owner_pid=os.getpid(), **{field: "x" * 257})
     assert claims() == {}
 

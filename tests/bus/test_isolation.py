@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from resourced.client.sync import Client
-from resourced.errors import InvalidRequest
+from resourced.errors import InvalidArgs
 
 from ..conftest import gpuctl
 
@@ -61,5 +61,5 @@ def test_confine_says_why_it_cannot_work_here(start_daemon, owner):
     start_daemon()
     ref = gpuctl("claim", "--owner-pid", str(owner.pid)).stdout.strip()
 
-    with Client() as c, pytest.raises(InvalidRequest, match=re.escape(REFUSAL)):
+    with Client() as c, pytest.raises(InvalidArgs, match=re.escape(REFUSAL)):
         c.confine(ref, owner.pid)

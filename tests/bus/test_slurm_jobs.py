@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from resourced.protocol.names import CLAIM_IFACE
 from resourced.client.sync import Client
-from resourced.errors import InvalidRequest, NotEnoughGPUs
 from resourced.daemon.engine.slurm_jobs import STEPD
+from resourced.errors import InvalidArgs, NotEnoughGPUs
+from resourced.protocol.names import CLAIM_IFACE
 
 from ..conftest import eventually, gpuctl, stop_process
 
@@ -154,7 +154,7 @@ def test_our_claims_never_take_slurms_gpus(slurm_daemon):
         # A job on one of ours (the config does not give it to Slurm) is refused.
         with pytest.raises(NotEnoughGPUs, match=r"\[slurm\] gpus"):
             c.claim_job("44", ["gpu0"])
-        with pytest.raises(InvalidRequest, match="gives Slurm 2 GPU"):
+        with pytest.raises(InvalidArgs, match="gives Slurm 2 GPU"):
             c.claim_job("44", ["2"])
         r = hook("prolog", "44", SLURM_JOB_GPUS="GPU-5e1a7ed0-0000-4000-8000-000000000000")
         assert r.returncode == 0 and "hold some of them" in r.stderr  # logged, exit 0

@@ -215,7 +215,7 @@ def test_confine_is_for_an_isolated_granted_claim_of_ones_own(opt_in, service, o
     def confine(ref: str, pid: int, user: str) -> str:
         return ns.python(CONFINE_PY, ref, str(pid), user=service.login(user)).stdout.strip()
 
-    assert confine(plain, alice_pid, "alice") == f"InvalidRequest claim {plain} is not isolated " \
+    assert confine(plain, alice_pid, "alice") == f"InvalidArgs claim {plain} is not isolated " \
         "(claim with --isolate)"
     assert confine(isolated, bob_pid, "alice").startswith("NotProcessOwner")
     assert confine(isolated, alice_pid, "bob").startswith("NotClaimOwner")

@@ -12,7 +12,7 @@ from resourced.core.claims import Demand
 from resourced.core.lifecycle import ACTIVE, ENDED, SCHEDULED
 from resourced.core.timeline import Timeline
 from resourced.errors import (
-    InvalidRequest,
+    InvalidArgs,
     NoSuchClaim,
     NotClaimOwner,
     NotEnoughCapacity,
@@ -84,13 +84,13 @@ def test_named_and_excluded_gpus():
 
 
 @pytest.mark.parametrize("request_args, error, says", [
-    (dict(gpus=1, at=-1), InvalidRequest, "in the past"),
+    (dict(gpus=1, at=-1), InvalidArgs, "in the past"),
     (dict(gpus=4, at=0), NotEnoughGPUs, "3 may be used"),  # as a claim of 4 is refused
-    (dict(gpus=1, at=0, named=("g9",)), InvalidRequest, "no GPU 'g9'"),
-    (dict(gpus=1, at=0, named=("g0",), excluded=("g0",)), InvalidRequest,
+    (dict(gpus=1, at=0, named=("g9",)), InvalidArgs, "no GPU 'g9'"),
+    (dict(gpus=1, at=0, named=("g0",), excluded=("g0",)), InvalidArgs,
      "both wanted and excluded"),
-    (dict(gpus=1, at=0, hours=200), InvalidRequest, "at most 7d"),
-    (dict(gpus=1, at=24 * 40), InvalidRequest, "at most 30d ahead"),
+    (dict(gpus=1, at=0, hours=200), InvalidArgs, "at most 7d"),
+    (dict(gpus=1, at=24 * 40), InvalidArgs, "at most 30d ahead"),
     (dict(cpu=9, at=0), NotEnoughCapacity, "more cpu than the pool holds"),
 ])
 def test_bad_requests_are_refused_and_change_nothing(request_args, error, says):
@@ -103,7 +103,7 @@ def test_bad_requests_are_refused_and_change_nothing(request_args, error, says):
 
 @pytest.mark.parametrize("hours", [0, -1])
 def test_a_booking_lasts_more_than_nothing(hours):
-    with pytest.raises(InvalidRequest, match="more than 0"):
+    with pytest.raises(InvalidArgs, match="more than 0"):
         ask(gpus=1, hours=hours)
 
 
@@ -113,7 +113,7 @@ def test_an_op_id_replays_the_first_answer_and_refuses_another_request_per_user(
     assert status == "created"
     again, status = book(cal, ask(gpus=1, at=0), "b", op_id="x1")
     assert (again, status) == (first, "exists") and set(cal.bookings) == {"a"}
-    with pytest.raises(InvalidRequest, match="used for another request"):
+    with pytest.raises(InvalidArgs, match="used for another request"):
         book(cal, ask(gpus=2, at=0), "c", op_id="x1")
     other, status = book(cal, ask(gpus=1, at=0), "d", uid=BOB, op_id="x1")  # another user's
     assert status == "created" and other.id == "d"
@@ -141,7 +141,7 @@ def test_extend_on_the_added_part_only_and_shrink_down_to_now():
     assert a.end_usec == NOW + 2 * H and a.state == ACTIVE
     with pytest.raises(NotEnoughCapacity, match="cannot be extended"):
         cal.set_end("a", NOW + 2 * H + 1, ALICE, NOW)
-    with pytest.raises(InvalidRequest, match="after now"):
+    with pytest.raises(InvalidArgs, match="after now"):
         cal.set_end("a", NOW, ALICE, NOW)
     a, _ = cal.set_end("a", NOW + 30 * 60 * S, ALICE, NOW + 10 * 60 * S)
     assert "g0" in cal.timeline.view(NOW + 30 * 60 * S, NOW + 2 * H).free
@@ -153,7 +153,7 @@ def test_cancel_frees_at_once_and_someone_elses_needs_admin_and_a_reason():
     book(cal, ask(gpus=3, at=0), "a")
     with pytest.raises(NotClaimOwner):
         cal.cancel("a", BOB, NOW)
-    with pytest.raises(InvalidRequest, match="needs a reason"):
+    with pytest.raises(InvalidArgs, match="needs a reason"):
         cal.cancel("a", BOB, NOW, admin=True)
     gone, _ = cal.cancel("a", BOB, NOW, admin=True, reason="maintenance")
     assert (gone.state, gone.ended, gone.ended_by, gone.reason) == (ENDED, "cancelled", BOB,
@@ -226,7 +226,7 @@ class CalendarMachine(RuleBasedStateMachine):
         request = ask(gpus, vram, hours, at, cpu, exclusive=exclusive)
         try:
             self.cal.book(request, f"b{self.n}", ALICE, "alice", self.now)
-        except (NotEnoughCapacity, InvalidRequest):
+        except (NotEnoughCapacity, InvalidArgs):
             pass
 
     @precondition(lambda self: self.cal.bookings)
@@ -238,7 +238,7 @@ class CalendarMachine(RuleBasedStateMachine):
         try:
             self.cal.edit(booking.id, replace(booking.request, start_usec=NOW + at * H), ALICE,
                           self.now)
-        except (NotEnoughCapacity, InvalidRequest):
+        except (NotEnoughCapacity, InvalidArgs):
             pass
 
     @precondition(lambda self: self.cal.bookings)
@@ -247,7 +247,7 @@ class CalendarMachine(RuleBasedStateMachine):
         booking = self.cal.bookings[data.draw(st.sampled_from(self._ids()))]
         try:
             self.cal.set_end(booking.id, booking.end_usec + hours * H, ALICE, self.now)
-        except (NotEnoughCapacity, InvalidRequest):
+        except (NotEnoughCapacity, InvalidArgs):
             pass
 
     @precondition(lambda self: self.cal.bookings)
@@ -255,7 +255,7 @@ class CalendarMachine(RuleBasedStateMachine):
     def cancel(self, data):
         try:
             self.cal.cancel(data.draw(st.sampled_from(self._ids())), ALICE, self.now)
-        except InvalidRequest:
+        except InvalidArgs:
             pass
 
     @rule(hours=st.integers(0, 3))

@@ -37,7 +37,7 @@ from resourced.core.ledger import (
 from resourced.core.lifecycle import ACTIVE, ENDED, GRANTED, SCHEDULED
 from resourced.core.pools import Pool
 from resourced.core.timeline import Hold
-from resourced.errors import InvalidRequest, NotEnoughCapacity, ResourcedError
+from resourced.errors import InvalidArgs, NotEnoughCapacity, ResourcedError
 
 S = 1_000_000  # a second, in microseconds
 M = 60 * S
@@ -572,7 +572,7 @@ class ClaimsOverTime(RuleBasedStateMachine):
         before = {h.id: h for h in self.ledger.timeline.holds.values()}
         try:
             booking, _, events = self.cal.book(req, self.new_id("b"), ALICE, "alice", self.now)
-        except (NotEnoughCapacity, InvalidRequest):
+        except (NotEnoughCapacity, InvalidArgs):
             assert self.ledger.timeline.holds == before, "a refused booking changed the timeline"
             return
         if named:
@@ -596,7 +596,7 @@ class ClaimsOverTime(RuleBasedStateMachine):
         end = self.cal.bookings[booking_id].end_usec + by * 30 * M
         try:
             booking, events = self.cal.set_end(booking_id, end, ALICE, self.now)
-        except (NotEnoughCapacity, InvalidRequest):
+        except (NotEnoughCapacity, InvalidArgs):
             return
         self.engine.calendar_changed(events, self.now)
         if booking.id in self.ledger.claims:
@@ -613,7 +613,7 @@ class ClaimsOverTime(RuleBasedStateMachine):
             _, events = self.cal.edit(booking.id, replace(booking.request,
                                                           start_usec=self.now + at * 30 * M),
                                       ALICE, self.now)
-        except (NotEnoughCapacity, InvalidRequest):
+        except (NotEnoughCapacity, InvalidArgs):
             return
         self.engine.calendar_changed(events, self.now)
         self.engine.run_due(self.now)

@@ -12,7 +12,7 @@ from resourced.cli import ALIASES, COMMANDS, cli
 from resourced.cli._options import Duration
 from resourced.cli.bookings import When
 from resourced.client.arguments import span
-from resourced.errors import DaemonUnreachable, InvalidRequest
+from resourced.errors import DaemonUnreachable, InvalidArgs
 
 
 def commands(group: click.Group = cli, path: tuple = ("gpuctl",)):
@@ -163,7 +163,7 @@ def test_a_span_in_a_configuration_file_is_read(tmp_path):
 def test_python_takes_seconds_or_the_grammar():
     assert span("duration", 90) == 90_000_000
     assert span("duration", "2:00:00") == 7_200_000_000
-    with pytest.raises(InvalidRequest, match=r"90 what\? Give the unit"):
+    with pytest.raises(InvalidArgs, match=r"90 what\? Give the unit"):
         span("duration", "90")
 
 
@@ -378,3 +378,17 @@ def test_run_claim_and_book_take_the_same_request_options():
     for name in ("run", "claim", "book"):
         taken = {o for p in tree[("gpuctl", name)].params for o in getattr(p, "opts", ())}
         assert REQUEST <= taken, (name, sorted(REQUEST - taken))
+
+
+# --- rule 11: the Python client ------------------------------------------------------------
+
+
+def test_every_error_class_is_named_as_its_code():
+    import resourced.errors as errors
+
+    classes = [c for c in vars(errors).values() if isinstance(c, type)
+               and issubclass(c, errors.ResourcedError) and c is not errors.ResourcedError]
+    assert len(classes) >= 15
+    assert [c.__name__ for c in classes if c.__name__ != c.code] == []
+    assert errors.InvalidRequest is errors.InvalidArgs  # the earlier names still import
+    assert errors.InteractionRequired is errors.InteractiveAuthorizationRequired

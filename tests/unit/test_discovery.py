@@ -9,7 +9,7 @@ import pytest
 from resourced.client import discovery
 from resourced.client import discovery as shared_address
 from resourced.daemon.main import parse_args
-from resourced.errors import AccessDenied, DaemonUnreachable, InvalidRequest
+from resourced.errors import AccessDenied, DaemonUnreachable, InvalidArgs
 
 
 def env(tmp_path, **more):
@@ -37,7 +37,7 @@ def test_the_session_bus_serves_where_the_daemon_runs_or_can_start():
 
 
 def test_a_bus_with_another_name_is_refused(tmp_path):
-    with pytest.raises(InvalidRequest, match="'session', 'system' or 'shared'"):
+    with pytest.raises(InvalidArgs, match="'session', 'system' or 'shared'"):
         discovery.named_bus(None, env(tmp_path, RESOURCED_BUS="sesion"))
 
 

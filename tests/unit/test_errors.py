@@ -13,9 +13,9 @@ from resourced.errors import (
     AccessDenied,
     DaemonUnreachable,
     GPUsBusy,
-    InteractionRequired,
+    InteractiveAuthorizationRequired,
     Internal,
-    InvalidRequest,
+    InvalidArgs,
     NoSuchClaim,
     NoSuchPool,
     NotClaimOwner,
@@ -31,7 +31,7 @@ from resourced.exits import EXIT_CODES, exit_code_for
 
 DOCUMENTED_EXIT_CODES = {
     Internal: 1,
-    InvalidRequest: 2,
+    InvalidArgs: 2,
     NotEnoughGPUs: 3,
     GPUsBusy: 4,
     DaemonUnreachable: 5,
@@ -39,7 +39,7 @@ DOCUMENTED_EXIT_CODES = {
     NotProcessOwner: 7,
     NotClaimOwner: 7,
     AccessDenied: 8,
-    InteractionRequired: 8,
+    InteractiveAuthorizationRequired: 8,
     StillInUse: 9,
     NotEnoughCapacity: 3,
     NoSuchPool: 2,
@@ -62,7 +62,7 @@ def test_bus_names_and_codes_are_unique():
 
 @pytest.mark.parametrize("cls", ALL_ERRORS, ids=lambda c: c.__name__)
 def test_bus_name_is_ours_unless_a_standard_one_fits(cls):
-    if cls in (InvalidRequest, AccessDenied, InteractionRequired):
+    if cls in (InvalidArgs, AccessDenied, InteractiveAuthorizationRequired):
         assert cls.bus_name() == f"org.freedesktop.DBus.Error.{cls.code}"
     else:
         assert cls.bus_name() == ERROR_PREFIX + cls.code == f"org.resourced.Error.{cls.code}"
@@ -83,7 +83,7 @@ def test_unreachable_names_mean_daemon_unreachable(name):
 
 
 def test_unknown_method_is_invalid_request():
-    assert type(error_from_bus("org.freedesktop.DBus.Error.UnknownMethod", "m")) is InvalidRequest
+    assert type(error_from_bus("org.freedesktop.DBus.Error.UnknownMethod", "m")) is InvalidArgs
 
 
 @pytest.mark.parametrize("name", ["org.freedesktop.DBus.Error.Failed",

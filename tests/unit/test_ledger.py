@@ -19,7 +19,7 @@ from resourced.core.lifecycle import GRANTED, QUEUED
 from resourced.core.pools import BYTES, Pool
 from resourced.errors import (
     GPUsBusy,
-    InvalidRequest,
+    InvalidArgs,
     NoSuchClaim,
     NoSuchPool,
     NotEnoughCapacity,
@@ -135,7 +135,7 @@ def test_gpu_by_name_accepts_alias():
 
 @pytest.mark.parametrize("name", ["gpu9", "9", "GPU-nope", "", "gpu"])
 def test_gpu_by_name_unknown_is_invalid_request(ledger, name):
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidArgs):
         ledger.gpu_by_name(name)
 
 
@@ -274,9 +274,9 @@ def test_refusals_are_not_each_other():
 def test_taken_claim_id_is_invalid_request_and_changes_nothing(ledger):
     grant(ledger, request(1), "c1")
     before = state(ledger)
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidArgs):
         ledger.submit(request(1), "c1", NOW + 1)
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidArgs):
         ledger.submit(request(1), "c1", NOW + 1, wait=True)
     assert state(ledger) == before
 
@@ -777,7 +777,7 @@ def test_valid_request_is_accepted_as_given(mode, gpus):
 
 @pytest.mark.parametrize("mode", ["", "RUN", "booking", "run ", "exclusive"])
 def test_unknown_mode_is_invalid_request(mode):
-    with pytest.raises(InvalidRequest, match="mode"):
+    with pytest.raises(InvalidArgs, match="mode"):
         ClaimRequest(demand=Demand.of(gpus=1), mode=mode, owner=OWNER, uid=0)
 
 
@@ -792,7 +792,7 @@ def test_unknown_mode_is_invalid_request(mode):
     ({"gpus": 1, "vram": GIB}, "not both"),
 ])
 def test_an_empty_negative_or_mixed_demand_is_invalid_request(kw, match):
-    with pytest.raises(InvalidRequest, match=match):
+    with pytest.raises(InvalidArgs, match=match):
         Demand.of(**kw)
 
 

@@ -113,7 +113,7 @@ def test_the_walk_finds_a_bare_state(tmp_path, monkeypatch):
 
 
 def test_a_runner_cannot_move_a_command_back():
-    from resourced.errors import InvalidRequest
+    from resourced.errors import InvalidArgs
 
     from .test_calendar import ALICE, ask, book, calendar
 
@@ -121,5 +121,5 @@ def test_a_runner_cannot_move_a_command_back():
     book(cal, ask(gpus=1), "b1")
     for state in ("pending", "running", "running", "succeeded"):
         cal.set_job("b1", ALICE, state)
-    with pytest.raises(InvalidRequest, match="b1 is succeeded: it cannot become running"):
+    with pytest.raises(InvalidArgs, match="b1 is succeeded: it cannot become running"):
         cal.set_job("b1", ALICE, "running")

@@ -23,7 +23,7 @@ from resourced.core.lifecycle import ENDED, GRANTED, QUEUED, SCHEDULED
 from resourced.core.pools import Pool
 from resourced.daemon.store.claims import claim_from_record, claim_to_record
 from resourced.errors import (
-    InvalidRequest,
+    InvalidArgs,
     LimitExceeded,
     NoSuchClaim,
     NoSuchPool,
@@ -67,14 +67,14 @@ def test_valid_session_names(name):
 @pytest.mark.parametrize("name", ["", " ", "a b", "x" * 65, "sid:", "sid:12a", "sid:-1",
                                   "a/b", "a:b", "tab\there", "é", "a\nb", "sid:١٢"])
 def test_invalid_session_names_are_refused(name):
-    with pytest.raises(InvalidRequest, match="session"):
+    with pytest.raises(InvalidArgs, match="session"):
         check_session(name)
 
 
 def test_a_default_looking_session_name_is_held_to_64_characters_too():
     name = "sid:" + "1" * 61
     assert len(name) == 65
-    with pytest.raises(InvalidRequest, match="session"):
+    with pytest.raises(InvalidArgs, match="session"):
         check_session(name)
 
 
@@ -107,7 +107,7 @@ def test_an_invalid_session_is_refused_and_changes_nothing(as_user):
     async def test():
         async with engine_on(gpus=2) as (engine, events):
             for name in ("a b", "x" * 65, ""):
-                with pytest.raises(InvalidRequest, match="session"):
+                with pytest.raises(InvalidArgs, match="session"):
                     await claim(engine, session=name, gpus=1)
             assert engine.ledger.claims == {} and events == []
             assert counts(engine) == (0, 0, 0)
@@ -304,7 +304,7 @@ def test_a_dry_run_release_of_someone_elses_claim_is_refused_as_for_real(as_user
                 engine.stop(USER, 0, "a", dry_run=True)
             with pytest.raises(NotClaimOwner):
                 engine.stop(USER, 0, "a")
-            with pytest.raises(InvalidRequest, match="reason"):
+            with pytest.raises(InvalidArgs, match="reason"):
                 engine.stop(ROOT, USER.uid, "a")  # root too says why it stops another's
             assert set(engine.ledger.claims) == {roots.id}
     run(test)
@@ -346,7 +346,7 @@ def test_stop_dry_run_and_an_empty_session_change_nothing(as_user):
             assert [c.id for c in claims] == [a1.id] and bookings == []
             assert engine.stop(USER, USER.uid, "nobody") == ([], [])
             assert events == [] and set(engine.ledger.claims) == {a1.id}
-            with pytest.raises(InvalidRequest, match="session"):
+            with pytest.raises(InvalidArgs, match="session"):
                 engine.stop(USER, USER.uid, "a b")
     run(test)
 
@@ -664,7 +664,7 @@ class HoursMachine(RuleBasedStateMachine):
         request = ask(0, GIB, hours, at) if vram else ask(gpus, 0, hours, at, cpu=0 if gpus else 1)
         try:
             book(self.cal, request, f"b{self.n}", uid=uid, session=session, now=self.now)
-        except (LimitExceeded, NotEnoughCapacity, InvalidRequest):
+        except (LimitExceeded, NotEnoughCapacity, InvalidArgs):
             pass
 
     @rule(data=st.data(), gpus=st.integers(1, 3), hours=st.integers(1, 4), at=st.integers(0, 24))
@@ -674,7 +674,7 @@ class HoursMachine(RuleBasedStateMachine):
             return
         try:
             self.cal.edit(b.id, ask(gpus, 0, hours, at), b.uid, self.now)
-        except (LimitExceeded, NotEnoughCapacity, InvalidRequest):
+        except (LimitExceeded, NotEnoughCapacity, InvalidArgs):
             pass
 
     @rule(data=st.data(), hours=st.integers(-3, 3))
@@ -684,7 +684,7 @@ class HoursMachine(RuleBasedStateMachine):
             return
         try:
             self.cal.set_end(b.id, b.end_usec + hours * H, b.uid, self.now)
-        except (LimitExceeded, NotEnoughCapacity, InvalidRequest):
+        except (LimitExceeded, NotEnoughCapacity, InvalidArgs):
             pass
 
     @rule(data=st.data())

@@ -14,7 +14,7 @@ from dbus_fast.service import dbus_signal
 
 from resourced.core.calendar import Blackout, Booking, BookingRequest, Notice
 from resourced.core.claims import Demand
-from resourced.errors import InvalidRequest
+from resourced.errors import InvalidArgs
 from resourced.protocol.names import USER_IFACE
 from resourced.protocol.records import BLACKOUT, BOOKING, NOTICE, Field, iso_utc
 
@@ -49,7 +49,7 @@ def booking_request(options: dict, gpu_uuid,
     excluded = tuple(gpu_uuid(n) for n in opts["Exclude"]) if "Exclude" in opts else (
         old.excluded if old else ())
     if "GPUNames" in opts and len(set(named)) != len(named):
-        raise InvalidRequest("a GPU is named twice")
+        raise InvalidArgs("a GPU is named twice")
     share_on_named = "GPUNames" in opts and "VRAMBytes" in opts  # a share on that GPU
     gpus = opts.get("GPUs", 0 if share_on_named else len(named) if "GPUNames" in opts
                     else old.demand.gpus if old else 0)
@@ -60,7 +60,7 @@ def booking_request(options: dict, gpu_uuid,
         gpus = 0
     pools = opts["Pools"] if "Pools" in opts else dict(old.demand.pools if old else ())
     if "DurationUSec" not in opts and old is None:
-        raise InvalidRequest("a booking needs a duration (DurationUSec)")
+        raise InvalidArgs("a booking needs a duration (DurationUSec)")
     start = opts.get("StartUSec", base.start_usec if base is not None else None)
     if opts.get("Earliest"):
         start = None
@@ -78,7 +78,7 @@ def booking_request(options: dict, gpu_uuid,
 def list_filter(options: dict) -> dict:
     opts = parse_options(options, LIST_OPTIONS)
     if opts.get("Limit", 1) == 0 or opts.get("Limit", 0) > MAX_PAGE:
-        raise InvalidRequest(f"Limit must be from 1 to {MAX_PAGE}")
+        raise InvalidArgs(f"Limit must be from 1 to {MAX_PAGE}")
     return opts
 
 

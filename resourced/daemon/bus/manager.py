@@ -35,8 +35,8 @@ from resourced.core.claims import Demand
 from resourced.core.verify import GpuReport
 from resourced.errors import (
     AccessDenied,
-    InteractionRequired,
-    InvalidRequest,
+    InteractiveAuthorizationRequired,
+    InvalidArgs,
     NotClaimOwner,
 )
 from resourced.protocol.names import (
@@ -262,13 +262,13 @@ class ManagerInterface(Interface):
         named = tuple(dict.fromkeys(ledger.gpu_by_name(n).uuid for n in opts.get("GPUNames", ())))
         excluded = {ledger.gpu_by_name(n).uuid for n in opts.get("Exclude", ())}
         if len(named) != len(opts.get("GPUNames", ())):
-            raise InvalidRequest("a GPU is named twice")
+            raise InvalidArgs("a GPU is named twice")
         if set(named) & excluded:
-            raise InvalidRequest("a GPU cannot be both wanted and excluded")
+            raise InvalidArgs("a GPU cannot be both wanted and excluded")
         share = gpus == 0 and opts.get("VRAMBytes", 0) > 0
         if named and (len(named) != 1 if share else gpus != len(named)):
-            raise InvalidRequest("named GPUs are claimed whole, one each (or one named GPU "
-                                 "holds a share: --gpu 1 --vram 24G)")
+            raise InvalidArgs("named GPUs are claimed whole, one each (or one named GPU "
+                              "holds a share: --gpu 1 --vram 24G)")
         if excluded:
             return tuple(u for u in ledger.gpus if u not in excluded)
         return named
@@ -346,7 +346,7 @@ class ManagerInterface(Interface):
         try:
             applied, restart = self.reload()
         except ConfigError as exc:
-            raise InvalidRequest(f"the configuration was not reloaded: {exc}") from exc
+            raise InvalidArgs(f"the configuration was not reloaded: {exc}") from exc
         return [applied, restart]
 
     @dbus_method()
@@ -368,7 +368,7 @@ class ManagerInterface(Interface):
         try:
             await self.authority.check(current_call.get(), caller.uid, MANAGE, {
                 "claim": claim_id, "owner_uid": str(claim.uid)})
-        except (AccessDenied, InteractionRequired):
+        except (AccessDenied, InteractiveAuthorizationRequired):
             raise NotClaimOwner(whose) from None
         return self.view.grant(claim, [f"{whose}: you use it as an administrator"])
 
@@ -439,7 +439,7 @@ class ManagerInterface(Interface):
     async def SetBookingEnd(self, booking_id: "s", end_usec: "t", options: "a{sv}") -> "a{sv}":
         opts = parse_options(options, END_OPTIONS)
         if bool(end_usec) == bool(opts.get("ByUSec")):
-            raise InvalidRequest("give either an end (end_usec) or ByUSec, not both or neither")
+            raise InvalidArgs("give either an end (end_usec) or ByUSec, not both or neither")
         caller, admin = await self._owner_or_admin(booking_id)
         return self._record(self.engine.bookings.set_end(
             caller, booking_id, end_usec, admin, opts.get("OpID", ""), opts.get("ByUSec", 0),
@@ -466,7 +466,7 @@ class ManagerInterface(Interface):
         check_instant("SinceUSec", since)
         check_instant("UntilUSec", until)
         if since >= until:
-            raise InvalidRequest("SinceUSec must be before UntilUSec")
+            raise InvalidArgs("SinceUSec must be before UntilUSec")
         return json.dumps(self.engine.history.usage(since, until, opts.get("UID"),
                                                     opts.get("ByGPU", False)))
 
@@ -475,7 +475,7 @@ class ManagerInterface(Interface):
     def Metrics(self) -> "s":
         """The daemon's metrics in the Prometheus text format (``gpuctl metrics``)."""
         if self.metrics is None:
-            raise InvalidRequest("this daemon keeps no metrics")
+            raise InvalidArgs("this daemon keeps no metrics")
         return self.metrics.text()
 
     @dbus_method()
@@ -483,7 +483,7 @@ class ManagerInterface(Interface):
     async def Diagnose(self) -> "s":
         """The daemon's own checks for ``gpuctl doctor``, as JSON: a list of records."""
         if self.diagnose is None:
-            raise InvalidRequest("this daemon does not diagnose itself")
+            raise InvalidArgs("this daemon does not diagnose itself")
         return json.dumps(await self.diagnose())
 
     @dbus_method()
@@ -519,7 +519,7 @@ class ManagerInterface(Interface):
     def FindSlots(self, options: "a{sv}", count: "u") -> "aa{sv}":
         """The earliest ``count`` starts where a booking would fit (read-only)."""
         if not 1 <= count <= MAX_SLOTS:
-            raise InvalidRequest(f"count must be from 1 to {MAX_SLOTS}")
+            raise InvalidArgs(f"count must be from 1 to {MAX_SLOTS}")
         request, _, _ = booking_request(options, self._gpu_uuid)
         gpus = self.engine.ledger.gpus
         return [wire_record(SLOT, {"start_usec": start,
@@ -626,7 +626,7 @@ class ManagerInterface(Interface):
     # -- shared by the Manager and Claim objects ---------------------------------------
     async def release(self, claim_id: str, flags: int) -> list[str]:
         if flags & ~RELEASE_FLAGS:
-            raise InvalidRequest(f"unknown release flags {flags & ~RELEASE_FLAGS:#x}")
+            raise InvalidArgs(f"unknown release flags {flags & ~RELEASE_FLAGS:#x}")
         return await self._release(claim_id, force=bool(flags & RELEASE_FORCE),
                                    dry_run=bool(flags & RELEASE_DRY_RUN))
 
@@ -653,9 +653,9 @@ class ManagerInterface(Interface):
             try:
                 await self.authority.check(current_call.get(), caller.uid, MANAGE, {
                     "booking": booking_id, "owner_uid": str(booking.uid)})
-            except (AccessDenied, InteractionRequired) as exc:
+            except (AccessDenied, InteractiveAuthorizationRequired) as exc:
                 whose = f"{booking_id} is {booking.user or f'uid {booking.uid}'}'s booking"
-                if isinstance(exc, InteractionRequired):
+                if isinstance(exc, InteractiveAuthorizationRequired):
                     whose += (": changing it is an administrator's, who must authenticate "
                               "(on a terminal, gpuctl asks)")
                 raise NotClaimOwner(whose) from None

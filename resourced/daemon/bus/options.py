@@ -1,6 +1,6 @@
 """Decoding a method's trailing ``a{sv}`` options: known keys, right types, or InvalidArgs."""
 
-from resourced.errors import InvalidRequest, quoted
+from resourced.errors import InvalidArgs, quoted
 
 
 def parse_options(options: dict, schema: dict[str, str]) -> dict:
@@ -9,8 +9,8 @@ def parse_options(options: dict, schema: dict[str, str]) -> dict:
     for key, variant in options.items():
         expected = schema.get(key)
         if expected is None:
-            raise InvalidRequest(f"unknown option {quoted(key)}; known: {', '.join(sorted(schema))}")
+            raise InvalidArgs(f"unknown option {quoted(key)}; known: {', '.join(sorted(schema))}")
         if variant.signature != expected:
-            raise InvalidRequest(f"option {quoted(key)} must have type {expected!r}, not {variant.signature!r}")
+            raise InvalidArgs(f"option {quoted(key)} must have type {expected!r}, not {variant.signature!r}")
         values[key] = variant.value
     return values

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from dbus_fast import Message, MessageFlag, MessageType, Variant
 
-from resourced.errors import AccessDenied, InteractionRequired
+from resourced.errors import AccessDenied, InteractiveAuthorizationRequired
 from resourced.protocol.names import BUS_DRIVER, CLAIM_IFACE, GPU_IFACE, MANAGER_IFACE
 
 log = logging.getLogger("resourced")
@@ -105,7 +105,7 @@ class Authority:
         self.enabled = enabled
 
     async def check(self, msg: Message, uid: int, action: str, details: dict[str, str]) -> None:
-        """Return if allowed; raise AccessDenied or InteractionRequired if not."""
+        """Return if allowed; raise AccessDenied or InteractiveAuthorizationRequired if not."""
         if not self.enabled or uid == 0:
             return
         interactive = bool(msg.flags & MessageFlag.ALLOW_INTERACTIVE_AUTHORIZATION)
@@ -128,8 +128,8 @@ class Authority:
         if authorized:
             return
         if challenge:
-            raise InteractionRequired(f"to {IN_WORDS[action]} here, authenticate first (polkit "
-                                      f"action {action})")
+            raise InteractiveAuthorizationRequired(
+                f"to {IN_WORDS[action]} here, authenticate first (polkit action {action})")
         raise AccessDenied(f"uid {uid} may not {IN_WORDS[action]} on this machine (polkit "
                            f"action {action})")
 

@@ -27,7 +27,7 @@ from resourced.core.caller import Caller
 from resourced.core.claims import BOOKING
 from resourced.core.clock import utc_text, whole_second
 from resourced.core.lifecycle import ACTIVE, BOOKING_ENDED, ENDED, EXPIRED
-from resourced.errors import Internal, InvalidRequest, NoSuchClaim, quoted
+from resourced.errors import Internal, InvalidArgs, NoSuchClaim, quoted
 from resourced.linux.sd import audit
 
 log = logging.getLogger("resourced")
@@ -141,7 +141,7 @@ class Bookings:
         inside = self.engine.calendar.add_blackout(blackout)  # checks it first
         if end_usec <= self.engine.clock():
             self.engine.calendar.remove_blackout(blackout.id)
-            raise InvalidRequest("the blackout is over already: its end is in the past")
+            raise InvalidArgs("the blackout is over already: its end is in the past")
         self._record_or_undo(lambda: self.engine.calendar.remove_blackout(blackout.id),
                              blackout=blackout)
         audit(f"blackout {blackout.id} {utc_text(start_usec)}-{utc_text(end_usec)} by uid {caller.uid}: "

@@ -65,7 +65,7 @@ from resourced.core.lifecycle import (
 from resourced.core.pools import Pool
 from resourced.errors import (
     Internal,
-    InvalidRequest,
+    InvalidArgs,
     LimitExceeded,
     NoSuchClaim,
     NotClaimOwner,
@@ -260,16 +260,16 @@ class Engine:
         self._check_limits(caller, wait, demand)
         isolated = self.isolated(isolate, mode)
         if mode not in MODES:
-            raise InvalidRequest(f"mode must be one of {', '.join(MODES)}, not {quoted(mode)}")
+            raise InvalidArgs(f"mode must be one of {', '.join(MODES)}, not {quoted(mode)}")
         if priority >= BOOKING_PRIORITY:
-            raise InvalidRequest(f"priority {priority} is kept for bookings: at most "
-                                 f"{BOOKING_PRIORITY - 1}")
+            raise InvalidArgs(f"priority {priority} is kept for bookings: at most "
+                              f"{BOOKING_PRIORITY - 1}")
         if duration is not None and not 0 < duration <= MAX_DURATION:
-            raise InvalidRequest("a claim must last more than 0 seconds and at most 10 years")
+            raise InvalidArgs("a claim must last more than 0 seconds and at most 10 years")
         member_pids = tuple(dict.fromkeys(member_pids))  # each once, in order
         if len(member_pids) > MAX_MEMBERS:
-            raise InvalidRequest(f"{len(member_pids)} member pids given, at most {MAX_MEMBERS} "
-                                 "may be (the daemon adopts their descendants by itself)")
+            raise InvalidArgs(f"{len(member_pids)} member pids given, at most {MAX_MEMBERS} "
+                              "may be (the daemon adopts their descendants by itself)")
         look = self.probe.begin() if self._needs_evidence(demand) else None  # (checked meanwhile)
         pinned = [_callers_process(caller, caller.pid if owner_pid is None else owner_pid,
                                    "owner", self.tracker.watcher)]
@@ -419,7 +419,7 @@ class Engine:
         if uid != caller.uid and caller.uid != 0 and not admin:
             raise NotClaimOwner(f"uid {uid}'s sessions are not yours to stop")
         if uid != caller.uid and not reason:
-            raise InvalidRequest("stopping someone else's session needs a reason")
+            raise InvalidArgs("stopping someone else's session needs a reason")
         self.alarms.run_due()
         claims = [c for c in self.ledger.claims.values() if c.uid == uid
                   and c.mode not in (BOOKING, SLURM) and (session is None or c.session == session)]
@@ -505,12 +505,12 @@ class Engine:
         if not isolate:
             return False
         if mode == SLURM:
-            raise InvalidRequest("a Slurm job's GPUs are Slurm's to confine (ConstrainDevices)")
+            raise InvalidArgs("a Slurm job's GPUs are Slurm's to confine (ConstrainDevices)")
         if self.scopes is None:
-            raise InvalidRequest(UNAVAILABLE_ON_USER_BUS)
+            raise InvalidArgs(UNAVAILABLE_ON_USER_BUS)
         if self.settings.isolation == "off":
-            raise InvalidRequest('isolation is off on this machine: its administrator may set '
-                                 '[daemon] isolation = "opt-in" (then systemctl reload resourced)')
+            raise InvalidArgs('isolation is off on this machine: its administrator may set '
+                              '[daemon] isolation = "opt-in" (then systemctl reload resourced)')
         return True
 
     async def confine(self, caller: Caller, claim_id: str, pid: int) -> str:
@@ -518,11 +518,11 @@ class Engine:
         claim's GPUs and no others; the scope's unit name.  The scope ends with the claim."""
         claim = self.check_owner(caller, self.claim_of(claim_id))
         if self.scopes is None:
-            raise InvalidRequest(UNAVAILABLE_ON_USER_BUS)
+            raise InvalidArgs(UNAVAILABLE_ON_USER_BUS)
         if not claim.isolated:
-            raise InvalidRequest(f"claim {claim_id} is not isolated (claim with --isolate)")
+            raise InvalidArgs(f"claim {claim_id} is not isolated (claim with --isolate)")
         if claim.state != GRANTED:
-            raise InvalidRequest(f"claim {claim_id} is not granted yet")
+            raise InvalidArgs(f"claim {claim_id} is not granted yet")
         ref, fd = _callers_process(caller, pid, "confined", self.tracker.watcher)
         os.close(fd)
         minors = [g.minor for u in claim.gpus if (g := self.ledger.gpus[u]).minor is not None]
@@ -650,7 +650,7 @@ def _callers_process(caller: Caller, pid: int, role: str,
     ``pid`` is in the caller's pid namespace: a caller in a container names its own."""
     highest = pid_max()
     if not 0 < pid <= highest:
-        raise InvalidRequest(f"{role} pid {pid} is out of range: pids run from 1 to {highest}")
+        raise InvalidArgs(f"{role} pid {pid} is out of range: pids run from 1 to {highest}")
     given = pid
     if caller.nested:  # a caller in a container names the pids of its namespace
         pid = in_callers_namespace(caller.pid, pid)
@@ -664,7 +664,7 @@ def _callers_process(caller: Caller, pid: int, role: str,
         os.close(pinned[1])  # the number was taken again meanwhile
         pinned = None
     if pinned is None:
-        raise InvalidRequest(f"{role} process {given} does not exist")
+        raise InvalidArgs(f"{role} process {given} does not exist")
     if caller.uid != 0 and process_uid(pid) != caller.uid:
         os.close(pinned[1])
         raise NotProcessOwner(f"process {given} does not belong to uid {caller.uid}")

@@ -16,7 +16,7 @@ from resourced.core.attribution import ProcInfo
 from resourced.core.caller import Caller
 from resourced.core.claims import Claim, ProcessRef, check_text
 from resourced.core.lifecycle import CANCELLED, JOB_ENDED
-from resourced.errors import InvalidRequest, quoted
+from resourced.errors import InvalidArgs, quoted
 from resourced.evidence.processes import PROC
 
 log = logging.getLogger("resourced")
@@ -98,7 +98,7 @@ class SlurmJobs:
         one is given (the prolog claims at once, and names the job once slurmctld told
         it the name)."""
         if not (job.isascii() and job.isdigit()):
-            raise InvalidRequest(f"a Slurm job id is a number, not {quoted(job)}")
+            raise InvalidArgs(f"a Slurm job id is a number, not {quoted(job)}")
         existing = self._job_claim(job)
         if existing is not None:
             if name:
@@ -106,7 +106,7 @@ class SlurmJobs:
                 self.engine.commit(self.engine.ledger.relabel(existing.id, label))
             return existing
         if not gpu_names:  # (with a name: naming the job's claim, which has ended)
-            raise InvalidRequest(f"Slurm job {job} has no GPU here: nothing to claim")
+            raise InvalidArgs(f"Slurm job {job} has no GPU here: nothing to claim")
         uuids = tuple(dict.fromkeys(self._job_gpu(n) for n in gpu_names))
         user = await self.engine.user_name(uid)
         label = job_label(job, user, name)
@@ -140,8 +140,8 @@ class SlurmJobs:
         if not (slurm and name.isascii() and name.isdigit()):
             return self.engine.ledger.gpu_by_name(name).uuid
         if int(name) >= len(slurm):
-            raise InvalidRequest(f"Slurm's GPU {name} is not here: [slurm] gpus gives Slurm "
-                                 f"{len(slurm)} GPU(s), numbered from 0 in index order")
+            raise InvalidArgs(f"Slurm's GPU {name} is not here: [slurm] gpus gives Slurm "
+                              f"{len(slurm)} GPU(s), numbered from 0 in index order")
         return slurm[int(name)]
 
     def _job_claim(self, job: str) -> Claim | None:
