@@ -75,29 +75,12 @@ def for_each_ref(refs: tuple, act) -> None:
         raise GpuctlError(f"{len(failed)} of {len(refs)} failed", code)
 
 
-ISO_INSTANT = r"\d{4}-\d\d-\d\dT\d\d:\d\d(?::\d\d(?:\.\d+)?)?(?:Z|[+-]\d\d:\d\d)"
-
-
 def said(message) -> str:
-    """A message for a person: the instants the daemon writes in ISO 8601 UTC are shown
-    in local time, as the tables write them ("today 21:04"); ISO stays in JSON."""
-    import re
+    """A message for a person: the daemon's ISO 8601 instants in local time, as the
+    tables write them ("today 21:04"); ISO stays in JSON."""
+    from resourced.client.bookings import in_local_time
 
-    text = str(message)
-    if not re.search(ISO_INSTANT, text):
-        return text
-    from datetime import datetime
-
-    from resourced.client.bookings import local_text
-    from resourced.protocol.when import usec
-
-    def local(match):
-        try:
-            return local_text(usec(datetime.fromisoformat(match[0].replace("Z", "+00:00"))))
-        except ValueError:
-            return match[0]
-
-    return re.sub(ISO_INSTANT, local, text)
+    return in_local_time(str(message))
 
 
 def colour_wanted() -> bool:

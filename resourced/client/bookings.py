@@ -55,6 +55,26 @@ def local_text(usec: int, now: int | None = None) -> str:
     return format_when(moment(usec, here.tzinfo), here)
 
 
+ISO_INSTANT = r"\d{4}-\d\d-\d\dT\d\d:\d\d(?::\d\d(?:\.\d+)?)?(?:Z|[+-]\d\d:\d\d)"
+
+
+def in_local_time(text: str) -> str:
+    """``text`` (a daemon's warning or refusal) with its ISO 8601 instants written as the
+    tables write them: ``today 21:04``, in local time."""
+    import re
+    from datetime import datetime
+
+    from resourced.protocol.when import usec
+
+    def local(match):
+        try:
+            return local_text(usec(datetime.fromisoformat(match[0].replace("Z", "+00:00"))))
+        except ValueError:
+            return match[0]
+
+    return re.sub(ISO_INSTANT, local, text)
+
+
 def instant(name: str, value, now: int | None = None) -> int:
     """A moment as microseconds since the epoch; one typed as text (``+1h``) is taken to
     the next whole second, as the daemon places bookings (so back to back stays so)."""

@@ -484,9 +484,13 @@ class Leased(Defined):
     ``release()``, on leaving its ``with`` block, or when the process dies."""
 
     def __init__(self, client: Calls, granted: dict):
+        from .bookings import in_local_time
+
         self.client = client
         self.allocation = granted["allocation"]
         self.env = granted["env"]
+        # What gpuctl prints: "granted until today 21:00 only: booked from then by bob".
+        self.warnings = [in_local_time(w) for w in granted["warnings"]]
         self.ref = self.allocation["ref"]
         self.released = False
 

@@ -274,3 +274,16 @@ def test_run_and_claim_take_gpu_and_exclude_as_book_does(clocked_daemon, owner):
     assert r.returncode == 3, r.stderr  # its one GPU is taken
     r = gpuctl("claim", "--gpus", "2", "--gpu", "1", "--owner-pid", str(owner.pid))
     assert r.returncode == 2 and "2 GPU(s) asked and 1 named" in r.stderr
+
+
+# --- rule 11: the Python client ------------------------------------------------------------
+
+
+def test_a_lease_granted_until_a_booking_carries_the_warning_gpuctl_prints(clocked_daemon):
+    from resourced import Client
+
+    clocked_daemon(gpus=1)
+    gpuctl("book", "1", "1h", "--at", "+15m")
+    with Client() as c, c.acquire(gpus=1) as lease:
+        assert lease.warnings == ["granted until today 09:15 only: booked from then by root; "
+                                  "you will be asked to give it back then"]

@@ -127,7 +127,7 @@ def test_a_call_sends_its_message_and_reads_its_answer(client):
 
 def test_an_error_answer_is_raised_inside_the_call_which_may_catch_it(client):
     bus = Bus({"Release": NoSuchClaim("gone")})
-    lease = Leased(client, {"allocation": {"ref": "c1"}, "env": {}})
+    lease = Leased(client, {"allocation": {"ref": "c1"}, "env": {}, "warnings": []})
     steps.run(Leased.release.steps(lease), bus.perform)
     assert lease.released and bus.members() == ["Release"]
     with pytest.raises(NoSuchClaim):
