@@ -33,8 +33,10 @@ from resourced.protocol.names import (
     CLAIM_IFACE,
     MANAGER_IFACE,
     MANAGER_PATH,
+    NO_SESSION_BUS,
     RELEASE_DRY_RUN,
     RELEASE_FORCE,
+    session_bus_missing,
 )
 
 from . import discovery, sandbox, signals, waiting, wire
@@ -447,6 +449,9 @@ class Calls(BookingCalls):
             return refusal
         if isinstance(exc, PermissionError):
             return sandbox.refused(bus, exc)
+        if bus == "session" and session_bus_missing():
+            return DaemonUnreachable(f"{NO_SESSION_BUS}; then start the daemon: resourced "
+                                     "--session (or use the system service: --bus system)")
         why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         return DaemonUnreachable(f"cannot reach the {bus} bus ({why}){self._tried(bus)}; "
                                  f"start the daemon: {self._hint(bus)}")
@@ -470,7 +475,11 @@ class Calls(BookingCalls):
         return not self._requested_bus and bus == "system"
 
     def _tried(self, bus: str) -> str:
-        return ", and no daemon runs on the session bus" if self._looked_everywhere(bus) else ""
+        if not self._looked_everywhere(bus):
+            return ""
+        if session_bus_missing():
+            return ", and there is no session bus (dbus-run-session -- bash starts one)"
+        return ", and no daemon runs on the session bus"
 
     def _hint(self, bus: str) -> str:
         """How to start a daemon on ``bus`` (and on the session bus, where both were tried)."""

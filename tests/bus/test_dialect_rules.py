@@ -287,3 +287,16 @@ def test_a_lease_granted_until_a_booking_carries_the_warning_gpuctl_prints(clock
     with Client() as c, c.acquire(gpus=1) as lease:
         assert lease.warnings == ["granted until today 09:15 only: booked from then by root; "
                                   "you will be asked to give it back then"]
+
+
+def test_with_no_session_bus_gpuctl_says_how_to_get_one():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DBUS_SESSION_BUS_ADDRESS", "XDG_RUNTIME_DIR")}
+    r = subprocess.run([sys.executable, "-m", "resourced.cli", "free", "--bus", "session"],
+                       env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert r.returncode == 5
+    assert "there is no session bus here" in r.stderr and "dbus-run-session -- bash" in r.stderr
