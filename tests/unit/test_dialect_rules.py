@@ -301,8 +301,10 @@ def test_every_mistyped_option_gets_did_you_mean(capsys):
         typo = name[:-1] + ("x" if name[-1] != "x" else "y")  # --gpus -> --gpux
         assert main([*path[1:], typo]) == 2, (path, typo)
         said = capsys.readouterr().err
-        assert f"No such option '{typo}'" in said and "Did you mean" in said, (path, typo, said)
-        assert name in said, (path, typo, said)
+        # click 8.2 says "Did you mean", 8.1 "Possible options": the right one is named
+        assert "No such option" in said and typo in said, (path, typo, said)
+        assert "Did you mean" in said or "Possible options" in said, (path, typo, said)
+        assert name in said.split(typo, 1)[1], (path, typo, said)
         checked += 1
     assert checked > 150
 
@@ -362,7 +364,7 @@ def test_every_json_command_fails_in_json_too(capsys):
         out, err = capsys.readouterr()
         error = json.loads(out)["error"]
         assert error == {"code": "InvalidArgs", "exit_code": 2, "message": error["message"]}
-        assert "No such option '--no-such-option'" in error["message"]
+        assert "No such option" in error["message"] and "--no-such-option" in error["message"]
         assert err.startswith("gpuctl: No such option"), path
 
 
