@@ -229,6 +229,20 @@ class GpuList(click.ParamType):
         return names
 
 
+def named_gpu_count(gpus: int | None, named: tuple, vram) -> int | None:
+    """--gpus beside --gpu LIST, as run, claim and book read them: the list says how many
+    (a count that says the same is GPUBK's "bk 1 2h --gpu 1"; with --vram, the list is the
+    one GPU of the share). The count to send: None where the list says it."""
+    if not named:
+        return gpus
+    if gpus is not None and gpus != len(named):
+        raise click.UsageError(f"{gpus} GPU(s) asked and {len(named)} named: use --gpus N or "
+                               "--gpu LIST")
+    if vram is not None and len(named) != 1:
+        raise click.UsageError("a share (--vram) goes on one GPU: --gpu NAME --vram 24G")
+    return None
+
+
 class PoolAmount(click.ParamType):
     """``NAME=AMOUNT`` for a named pool."""
 

@@ -27,6 +27,7 @@ from ._options import (
     emit_json,
     for_each_ref,
     json_option,
+    named_gpu_count,
     session_option,
     split_at_dashes,
     stray_word,
@@ -96,13 +97,7 @@ def _request(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task
     names = [name for name, _ in pools]
     if len(set(names)) != len(names):
         raise click.UsageError("give each --pool once, with the whole amount")
-    if gpus is not None and named:
-        if gpus != len(named):
-            raise click.UsageError(f"{gpus} GPU(s) asked and {len(named)} named: use --gpus N "
-                                   "or --gpu LIST")
-        gpus = None  # GPUBK's "bk 1 2h --gpu 1": the count says what the list says
-    if named and vram is not None and len(named) != 1:
-        raise click.UsageError("a share (--vram) goes on one GPU: --gpu NAME --vram 24G")
+    gpus = named_gpu_count(gpus, named, vram)
     nothing = gpus is None and not named and vram is None and ram is None and cpu is None \
         and not pools
     if nothing and default_gpu:

@@ -26,6 +26,7 @@ from ._options import (
     emit_json,
     for_each_ref,
     json_option,
+    named_gpu_count,
     refs_given,
     refuse_stray_words,
     said,
@@ -110,13 +111,9 @@ class WaitingLine:
 def demand(gpus, named, exclude, vram, ram, cpu, pools) -> dict:
     """claim() keyword arguments; one whole GPU when nothing at all is asked for, one of
     each GPU named (--gpu), as book reads them."""
+    gpus = named_gpu_count(gpus, named, vram)
     if named and vram is None:
-        if gpus is not None and gpus != len(named):
-            raise click.UsageError(f"{gpus} GPU(s) asked and {len(named)} named: use --gpus N "
-                                   "or --gpu LIST")
         gpus = len(named)
-    if named and vram is not None and (len(named) != 1 or gpus is not None):
-        raise click.UsageError("a share (--vram) goes on one GPU: --gpu NAME --vram 20G")
     if gpus is None and vram is None and ram is None and cpu is None and not pools:
         gpus = 1
     names = [name for name, _ in pools]
@@ -127,6 +124,8 @@ def demand(gpus, named, exclude, vram, ram, cpu, pools) -> dict:
     return dict(gpus=gpus or 0, vram=vram, ram=ram, cpu=cpu, pools=dict(pools),
                 gpu_names=list(named) if named else None,
                 exclude=list(exclude) if exclude else None)
+
+
 label_option = click.option("--label", default="", help="A short label shown in status.")
 task_option = click.option("--task-name", default="", help="What the GPUs are for.")
 index_option = click.option(

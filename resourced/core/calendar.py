@@ -36,7 +36,7 @@ from resourced.errors import (
     quoted,
 )
 
-from .claims import Demand, check_text
+from .claims import Demand, check_named, check_text
 from .clock import LAST_INSTANT, Deadlines, utc_text
 from .lifecycle import (
     ACTIVE,
@@ -86,13 +86,7 @@ class BookingRequest:
         if self.duration_usec <= 0:
             raise InvalidArgs("a booking must last more than 0 seconds")
         check_instant("the end", (self.start_usec or 0) + self.duration_usec)
-        if set(self.named) & set(self.excluded):
-            raise InvalidArgs("a GPU cannot be both wanted and excluded")
-        share = self.demand.gpus == 0 and self.demand.vram > 0
-        if self.named and (len(self.named) != 1 if share else
-                           self.demand.gpus != len(self.named)):
-            raise InvalidArgs("named GPUs are booked whole, one each (or one named GPU "
-                              "holds a share: --gpu 1 --vram 24G)")
+        check_named(self.demand, self.named, self.excluded, "booked")
         check_text("label", self.label)
         check_text("task name", self.task_name)
 

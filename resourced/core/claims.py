@@ -65,6 +65,21 @@ class Demand:
         return _demand(cls, gpus, vram, tuple(sorted((pools or {}).items())))
 
 
+def check_named(demand: Demand, named: tuple[str, ...], excluded: tuple[str, ...],
+                verb: str) -> None:
+    """The GPUs a claim or a booking names (and excludes) agree with what it asks: each
+    named once, none both wanted and excluded, one named GPU for each whole GPU or the one
+    GPU of a VRAM share (``verb``: "claimed" or "booked", for the message)."""
+    if len(set(named)) != len(named):
+        raise InvalidArgs("a GPU is named twice")
+    if set(named) & set(excluded):
+        raise InvalidArgs("a GPU cannot be both wanted and excluded")
+    share = demand.gpus == 0 and demand.vram > 0
+    if named and (len(named) != 1 if share else demand.gpus != len(named)):
+        raise InvalidArgs(f"named GPUs are {verb} whole, one each (or one named GPU holds a "
+                          "share: --gpu 1 --vram 24G)")
+
+
 @functools.lru_cache(maxsize=1024)
 def _demand(cls, gpus: int, vram: int, pools: tuple) -> Demand:
     """One ``Demand`` for the same amounts (it is frozen): 10,000 claims of one shape

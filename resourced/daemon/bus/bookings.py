@@ -48,8 +48,6 @@ def booking_request(options: dict, gpu_uuid,
         old.named if old else ())
     excluded = tuple(gpu_uuid(n) for n in opts["Exclude"]) if "Exclude" in opts else (
         old.excluded if old else ())
-    if "GPUNames" in opts and len(set(named)) != len(named):
-        raise InvalidArgs("a GPU is named twice")
     share_on_named = "GPUNames" in opts and "VRAMBytes" in opts  # a share on that GPU
     gpus = opts.get("GPUs", 0 if share_on_named else len(named) if "GPUNames" in opts
                     else old.demand.gpus if old else 0)

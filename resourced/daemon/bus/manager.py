@@ -31,7 +31,7 @@ from dbus_fast.service import dbus_method, dbus_property, dbus_signal
 from resourced import __version__
 from resourced.config import ConfigError
 from resourced.core.calendar import check_instant
-from resourced.core.claims import Demand
+from resourced.core.claims import Demand, check_named
 from resourced.core.verify import GpuReport
 from resourced.errors import (
     AccessDenied,
@@ -258,17 +258,13 @@ class ManagerInterface(Interface):
     def _placed_on(self, gpus: int, opts: dict) -> tuple[str, ...]:
         """The GPUs a claim may go on, from GPUNames (those, whole; or the one of a VRAM
         share) and Exclude (all but those), as Book reads them; () for any."""
+        if "GPUNames" not in opts and "Exclude" not in opts:
+            return ()
         ledger = self.engine.ledger
-        named = tuple(dict.fromkeys(ledger.gpu_by_name(n).uuid for n in opts.get("GPUNames", ())))
-        excluded = {ledger.gpu_by_name(n).uuid for n in opts.get("Exclude", ())}
-        if len(named) != len(opts.get("GPUNames", ())):
-            raise InvalidArgs("a GPU is named twice")
-        if set(named) & excluded:
-            raise InvalidArgs("a GPU cannot be both wanted and excluded")
-        share = gpus == 0 and opts.get("VRAMBytes", 0) > 0
-        if named and (len(named) != 1 if share else gpus != len(named)):
-            raise InvalidArgs("named GPUs are claimed whole, one each (or one named GPU "
-                              "holds a share: --gpu 1 --vram 24G)")
+        named = tuple(ledger.gpu_by_name(n).uuid for n in opts.get("GPUNames", ()))
+        excluded = tuple(ledger.gpu_by_name(n).uuid for n in opts.get("Exclude", ()))
+        check_named(Demand.of(gpus, opts.get("VRAMBytes", 0), opts.get("Pools")), named,
+                    excluded, "claimed")
         if excluded:
             return tuple(u for u in ledger.gpus if u not in excluded)
         return named
