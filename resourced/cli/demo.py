@@ -23,6 +23,16 @@ from resourced.exits import EXIT_NOT_ENOUGH_GPUS, GpuctlError
 
 JOB_SECONDS = 2.0
 GPUCTL = (sys.executable, "-m", "resourced.cli")
+# The README's named pools, so that its examples can be typed in the demo's shell.
+CONFIG = """\
+[[pool]]
+name = "licenses"
+capacity = 4
+
+[[pool]]
+name = "gpu_slots"
+capacity = 2
+"""
 
 
 class _Demo:
@@ -31,6 +41,9 @@ class _Demo:
 
         self.bus = PrivateBus().start()
         self.runtime_dir = tempfile.mkdtemp(prefix="resourced-demo-")
+        config = os.path.join(self.runtime_dir, "config.toml")
+        with open(config, "w") as f:
+            f.write(CONFIG)
         self.env = {
             **os.environ,
             **self.bus.env(),
@@ -38,6 +51,7 @@ class _Demo:
             "RESOURCED_SIMULATED_GPUS": str(gpus),
             "RESOURCED_RUNTIME_DIR": self.runtime_dir,   # nor the real runtime directory
             "RESOURCED_STATE_DIR": os.path.join(self.runtime_dir, "state"),  # nor the calendar
+            "RESOURCED_CONFIG": config,  # nor this account's configuration
         }
         self.daemon = None
         self.step = ""
