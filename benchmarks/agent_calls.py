@@ -18,7 +18,8 @@ GPU).  Then:
     PYTHONPYCACHEPREFIX, filled by the warm-up, as an installed package would load.
 (b) resourced-mcp (the console script next to this interpreter, spawned by
     ``mcp.client.stdio.stdio_client``, one ``ClientSession``): the time from spawn to an
-    initialized session (the second spawn: bytecode cached by the first), then p50 and
+    initialized session, cold (the first spawn: the SDK's bytecode compiled afresh; aim
+    under 1 s) and warm (the second: bytecode cached by the first), then p50 and
     p90 of --calls ``context`` and --calls ``list`` tool calls (after 10 untimed of
     each), each from the request to the parsed result; beside them the same data through
     one ``resourced.Client`` in this process (``resourced.agents.context``), which is what
@@ -45,6 +46,7 @@ from resourced.client.sync import Client
 GPUS = 8
 HOUR = 3600
 AIM_RATIO = 1.5
+COLD_START_AIM = 1.0  # seconds, spawn to an initialized MCP session
 CONFIG = "[daemon]\nmax_bookings_per_user = 0\nbooking_horizon = 0\nlongest_booking = 0\n"
 CALL_TIMEOUT = 60.0
 MCP_WARM_UP = 10
@@ -110,11 +112,11 @@ async def mcp_round_trips(env: dict[str, str], calls: int) -> dict[str, object]:
     out: dict[str, object] = {}
     params = StdioServerParameters(command=server[0], env=env)
     with anyio.fail_after(CALL_TIMEOUT + calls):
-        for _ in range(2):  # the first compiles the SDK's modules into the bytecode cache
+        for key in ("cold", "start"):  # the first compiles the SDK's modules into the cache
             t0 = time.perf_counter()
             async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
                 await s.initialize()
-                out["start"] = time.perf_counter() - t0
+                out[key] = time.perf_counter() - t0
         async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
             await s.initialize()
             for tool in ("context", "list"):
@@ -148,6 +150,9 @@ def direct_calls(calls: int) -> dict[str, list[float]]:
 
 def report_mcp(mcp: dict, direct: dict[str, list[float]], calls: int) -> None:
     print(f"\n(b) resourced-mcp over stdio (the SDK's client), {calls} calls of each tool")
+    verdict = "met" if mcp["cold"] < COLD_START_AIM else "MISSED"
+    print(f"spawn to initialized session, cold (bytecode compiled afresh): "
+          f"{mcp['cold'] * 1e3:.0f} ms (aim under {COLD_START_AIM:g} s: {verdict})")
     print(f"spawn to initialized session (bytecode cached): {mcp['start'] * 1e3:.0f} ms")
     print(f"{'tool':<10}{'MCP p50 ms':>12}{'MCP p90 ms':>12}{'Client p50 ms':>15}"
           f"{'Client p90 ms':>15}")
