@@ -11,12 +11,14 @@ import os
 
 from resourced.protocol.records import iso_utc
 
-SCHEMA = 3
+SCHEMA = 4
 """The version of ``agent context --json``: keys are added, never changed, within one.
 2: ``next`` has the fixed keys ``one_gpu`` and ``all_gpus`` (1 named them by shape).
 3: ``health.checks`` is a list of {name, level}, as in ``status --json`` (2: a dict);
 ``me.owner_pid``; ``commands.release`` names the claim as the argument; a ``next`` place
-says ``duration_usec``, as every other span (2: ``duration_s``)."""
+says ``duration_usec``, as every other span (2: ``duration_s``).
+4: as every output of schema 2 (``protocol.names.JSON_SCHEMA``), a booking's ``gpus`` are
+its GPUs' aliases and ``gpus_requested`` its count; a ``next`` place says ``gpu_count``."""
 
 CLAIM_KEYS = ("id", "mode", "state", "gpus", "gpu_indices", "vram_bytes", "pools", "until_usec",
               "until_booking", "task_name", "label", "session")
@@ -139,7 +141,7 @@ def next_place(gpus: int, slot: dict | None) -> dict:
     horizon)."""
     where = with_times(slot) if slot else dict.fromkeys(
         ("start", "end", "start_usec", "end_usec", "gpu_indices"))
-    return {"gpus": gpus, "duration_usec": NEXT_FOR * 1_000_000, **where}
+    return {"gpu_count": gpus, "duration_usec": NEXT_FOR * 1_000_000, **where}
 
 
 def my_session() -> str:
@@ -207,7 +209,7 @@ def usage(c) -> dict:
             pools[name] = pools.get(name, 0) + amount
     ahead = [b for b in mine["bookings"] if b["state"] in ("scheduled", "active")
              and b["end_usec"] > now]
-    gpu_hours = sum(b["gpus"] * (b["end_usec"] - max(b["start_usec"], now)) for b in ahead)
+    gpu_hours = sum(b["gpus_requested"] * (b["end_usec"] - max(b["start_usec"], now)) for b in ahead)
     vram_hours = sum(b["vram_bytes"] * (b["end_usec"] - max(b["start_usec"], now))
                      for b in ahead)
     return {
@@ -215,7 +217,7 @@ def usage(c) -> dict:
         "holding": {
             "claims": len(granted),
             "waiting": sum(1 for k in mine["claims"] if k["state"] == "queued"),
-            "gpus": sum(len(k["gpus"]) for k in whole),
+            "gpu_count": sum(len(k["gpus"]) for k in whole),
             "vram_bytes": sum(k["vram_bytes"] for k in granted),
             "pools": pools,
         },

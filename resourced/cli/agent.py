@@ -87,7 +87,7 @@ def context(bus, as_json):
     free = data["free"]
     click.echo(f"free now: {len(free['gpus'])} GPU(s) {', '.join(free['gpus']) or ''}".rstrip())
     for place in data["next"].values():
-        click.echo(f"next {place['gpus']} GPU(s) for {format_span(place['duration_usec'] / 1e6)}: "
+        click.echo(f"next {place['gpu_count']} GPU(s) for {format_span(place['duration_usec'] / 1e6)}: "
                    f"{place['start'] or 'nowhere'}")
     click.echo(f"queue: {len(data['queue'])} waiting; health: {data['health']['level']}")
     for notice in data["notices"]:

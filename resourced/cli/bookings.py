@@ -662,7 +662,7 @@ def _wants(b: dict, units: dict[str, str]) -> str:
     """What a booking asks for, amounts as a person reads them (``ram 4G``, not bytes)."""
     from resourced.protocol.amounts import format_bytes
 
-    parts = [f"{b['gpus']} GPU(s)"] if b["gpus"] else []
+    parts = [f"{b['gpus_requested']} GPU(s)"] if b["gpus_requested"] else []
     if b["vram_bytes"]:
         parts.append(f"VRAM {format_bytes(b['vram_bytes'])}" + (" excl." if b["exclusive"] else ""))
     parts += [f"{name} {in_units(amount, units.get(name, 'count'))}"

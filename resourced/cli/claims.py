@@ -463,8 +463,8 @@ def naming_bookings(c, ref: str):
 
 def _released(ref: str, warnings: list, dry_run: bool, as_json: bool, by_gpu=False) -> None:
     if as_json:
-        emit_json({"schema": JSON_SCHEMA, "warnings": warnings,
-                   **({"dry_run": True, "would_release": ref} if dry_run else {"released": ref})})
+        emit_json({"schema": JSON_SCHEMA, "ref": ref, "released": not dry_run,
+                   "dry_run": dry_run, "warnings": warnings})  # (MCP's release answers the same)
     elif dry_run:
         _warn(warnings)
         click.echo(f"gpuctl: would release {ref} (dry run: nothing released)", err=True)

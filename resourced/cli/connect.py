@@ -44,7 +44,7 @@ def connect(directory, forget, no_check, as_json):
         info.update(_check(directory))
     path = discovery.write_connection(directory)
     info["file"] = str(path)
-    host = f", hosted by {info['host']} ({info['gpus']} GPU(s))" if "host" in info else ""
+    host = f", hosted by {info['host']} ({info['gpu_count']} GPU(s))" if "host" in info else ""
     _say(as_json, info, f"gpuctl now uses the shared bus in {directory}{host}; written to "
                         f"{path}")
 
@@ -66,7 +66,7 @@ def _check(directory: Path) -> dict:
         else:
             os.environ[discovery.ADDRESS_VARIABLE] = saved
     uid = directory.stat().st_uid
-    return {"host": user_name(uid), "host_uid": uid, "gpus": gpus}
+    return {"host": user_name(uid), "host_uid": uid, "gpu_count": gpus}
 
 
 def _say(as_json: bool, data: dict, text: str) -> None:

@@ -11,9 +11,12 @@ BUS_DRIVER = {"destination": "org.freedesktop.DBus", "path": "/org/freedesktop/D
               "interface": "org.freedesktop.DBus"}
 """The bus itself, as the daemon calls it: ``Message(**BUS_DRIVER, member=...)``."""
 
-JSON_SCHEMA = 1
+JSON_SCHEMA = 2
 """The version of the JSON the daemon and gpuctl emit (Describe, status/verify --json):
-keys are added, never renamed or removed, within one version; all keys are snake_case."""
+keys are added, never renamed or removed, within one version; all keys are snake_case.
+2: ``gpus`` is a list everywhere, the GPUs themselves (objects) for the machine and their
+aliases for a claim or a booking; a count is ``gpus_requested`` (a booking's ``gpus`` was
+its count in 1) or ``gpu_count``."""
 RELEASE_FORCE = 1 << 0
 """Release flag: skip the in-use check."""
 RELEASE_DRY_RUN = 1 << 1

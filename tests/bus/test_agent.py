@@ -52,7 +52,7 @@ def test_context_says_what_i_hold_what_is_free_and_when_next(agent_env):
     booked = run(env, "book", "--gpus", "2", "--for", "1h", "--at", "+30m").strip()
     claimed = run(env, "claim", "--gpus", "1", "--owner-pid", str(daemon.proc.pid)).strip()
     data = json.loads(run(env, "agent", "context", "--json"))
-    assert set(data) == CONTEXT_KEYS and data["schema"] == 3
+    assert set(data) == CONTEXT_KEYS and data["schema"] == 4
     assert data["me"]["uid"] == os.getuid()
     assert [c["id"] for c in data["holding"]["claims"]] == [claimed]
     assert data["holding"]["claims"][0]["until_booking"] == booked
@@ -61,7 +61,7 @@ def test_context_says_what_i_hold_what_is_free_and_when_next(agent_env):
     assert set(data["next"]) == {"one_gpu", "all_gpus"}  # whatever the machine's GPU count
     for name, gpus in (("one_gpu", 1), ("all_gpus", 2)):
         place = data["next"][name]
-        assert (place["gpus"], place["duration_usec"]) == (gpus, 3600 * 10**6)
+        assert (place["gpu_count"], place["duration_usec"]) == (gpus, 3600 * 10**6)
         assert (place["start"], place["end"]) == ("2026-12-01T10:30:00Z", "2026-12-01T11:30:00Z")
     assert data["limits"]["max_claims_per_user"] == 1024
     assert "--owner-pid" in data["commands"]["claim"]
@@ -74,7 +74,7 @@ def test_recommend_runs_now_what_fits_now_and_books_what_fits_later(agent_env):
     env, _ = agent_env
     run(env, "book", "--gpus", "2", "--for", "1h", "--at", "+30m")
     now = json.loads(run(env, "agent", "recommend", "--gpus", "1", "--for", "30m", "--json"))
-    assert now == {"schema": 1, "fits": True, "now": True, "gpu_indices": [0],
+    assert now == {"schema": 2, "fits": True, "now": True, "gpu_indices": [0],
                    "command": "gpuctl run --gpus 1 --for 30m -- COMMAND"}
     later = json.loads(run(env, "agent", "recommend", "--gpus", "2", "--for", "1h", "--json"))
     assert (later["now"], later["start"]) == (False, "2026-12-01T10:30:00Z")

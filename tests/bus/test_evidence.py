@@ -280,7 +280,7 @@ def test_a_process_on_an_unclaimed_gpu_is_unclaimed_use(start_daemon, sim, procs
     assert p["used_memory_bytes"] == 512 * 1024 * 1024
     assert [g["status"] for g in data["gpus"] if g["alias"] != "gpu2"] == ["OK"] * 3
     gpu_keys, process_keys = documented_verify_keys()
-    assert (set(data) == {"schema", "gpus", "problems"} and data["schema"] == 1)
+    assert (set(data) == {"schema", "gpus", "problems"} and data["schema"] == 2)
     assert all(set(g) == gpu_keys for g in data["gpus"]) and set(p) == process_keys
 
 

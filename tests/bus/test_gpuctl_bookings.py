@@ -150,7 +150,7 @@ def test_book_prints_the_reference_and_a_summary(clocked_daemon):
     assert r.stdout == ref + "\n" and REF.match(ref)
     assert r.stderr.splitlines() == ["gpuctl: booked gpu0, gpu1, today 10:00 to today 12:00"]
     b = by_ref(ref)
-    assert (b["state"], b["gpus"], b["label"], b["start_usec"], b["end_usec"]) == (
+    assert (b["state"], b["gpus_requested"], b["label"], b["start_usec"], b["end_usec"]) == (
         "scheduled", 2, "train", at("2026-12-01T10:00:00Z"), at("2026-12-01T12:00:00Z"))
     assert (b["start"], b["end"]) == ("2026-12-01T10:00:00Z", "2026-12-01T12:00:00Z")
 
@@ -158,7 +158,7 @@ def test_book_prints_the_reference_and_a_summary(clocked_daemon):
 def test_book_json_says_created_queued_or_exists(clocked_daemon):
     clocked_daemon(gpus=2)
     created = ok_json("book", "--gpus", "2", "--for", "1h", "--at", "10:00", "--op-id", "job-42")
-    assert set(created) == {"schema", "status", "booking"} and created["schema"] == 1
+    assert set(created) == {"schema", "status", "booking"} and created["schema"] == 2
     assert created["status"] == "created"
     b = created["booking"]
     assert (b["start_usec"], b["end_usec"], b["op_id"]) == (
@@ -330,8 +330,9 @@ def test_bookings_json_lists_records_with_sorted_keys(clocked_daemon):
     assert (b["start"], b["end"], b["start_usec"], b["end_usec"]) == (
         "2026-12-01T10:00:00Z", "2026-12-01T11:00:00Z", at("2026-12-01T10:00:00Z"),
         at("2026-12-01T11:00:00Z"))
-    assert (b["user"], b["uid"], b["state"], b["gpus"], b["label"], b["gpu_indices"]) == (
+    assert (b["user"], b["uid"], b["state"], b["gpus_requested"], b["label"], b["gpu_indices"]) == (
         "root", 0, "scheduled", 2, "x", [0, 1])
+    assert b["gpus"] == ["gpu0", "gpu1"]  # (aliases, as a claim's; schema 1 gave the count)
     assert set(b) == {f.key for f in BOOKING}
     with Client(timeout=5) as c:
         assert found == c.bookings()
@@ -409,7 +410,7 @@ def test_edit_changes_what_it_is_given_and_keeps_the_rest(clocked_daemon):
     assert (b["label"], b["task_name"], b["start_usec"]) == (
         "renamed", "llm", at("2026-12-01T13:00:00Z"))
     b = ok_json("edit", ref, "--gpus", "2")["booking"]
-    assert (b["gpus"], b["gpu_indices"]) == (2, [0, 1])
+    assert (b["gpus"], b["gpus_requested"], b["gpu_indices"]) == (["gpu0", "gpu1"], 2, [0, 1])
     # --earliest: the earliest start that fits, the same length.
     book("--gpus", "2", "--for", "30m")   # from now
     b = ok_json("edit", ref, "--earliest")["booking"]
@@ -643,7 +644,7 @@ def test_blackout_add_list_remove(clocked_daemon):
     refused("book", "--for", "30m", "--at", "15:00", code=3, match="blackout")
     other = ok_json("blackout", "add", "--from", "tomorrow 01:00", "--until", "tomorrow 02:00",
                     "--reason", "x")
-    assert other["bookings_inside"] == [] and other["id"] != blackout and other["schema"] == 1
+    assert other["bookings_inside"] == [] and other["id"] != blackout and other["schema"] == 2
     refused("blackout", "add", "--from", "16:00", "--until", "15:00", "--reason", "x", code=2,
             match="after --from")
     refused("blackout", "add", "--from", "2026-12-01T08:00:00Z", "--until",
@@ -723,7 +724,7 @@ def test_timeline_json(clocked_daemon):
     ref = book("--gpu", "1", "--for", "1h", "--at", "10:00")
     book("--for", "1h", "--at", "14:00")   # beyond 4 h
     data = ok_json("timeline", "--hours", "4")
-    assert (data["schema"], data["now_usec"], data["until_usec"]) == (1, at(NOW),
+    assert (data["schema"], data["now_usec"], data["until_usec"]) == (2, at(NOW),
                                                                       at(NOW) + 4 * HOUR)
     assert [g["index"] for g in data["gpus"]] == [0, 1]
     uuid1 = data["gpus"][1]["uuid"]
@@ -837,7 +838,7 @@ def test_dry_run_says_what_would_happen_and_changes_nothing(clocked_daemon):
     for write in (("book", "--gpus", "1", "--for", "1h", "--at", "15:00"),
                   ("edit", ref, "--at", "10:30"), ("extend", ref, "--by", "30m"),
                   ("cancel", ref)):
-        assert ok_json(*write, "--dry-run")["schema"] == 1, write
+        assert ok_json(*write, "--dry-run")["schema"] == 2, write
     refused("book", "--gpus", "2", "--for", "1h", "--at", "10:30", "--dry-run", code=3,
             match="nearest start")
     assert ok_json("bookings", "--all", "--json") == before

@@ -201,20 +201,20 @@ def test_release_and_init_speak_json_too(daemon, tmp_path):
     ref = gpuctl("claim", "--owner-pid", str(os.getpid())).stdout.strip()
     r = gpuctl("release", "--allocation", ref, "--dry-run", "--json")
     assert (r.returncode, json.loads(r.stdout)) == (
-        0, {"schema": 1, "dry_run": True, "would_release": ref, "warnings": []})
+        0, {"schema": 2, "ref": ref, "released": False, "dry_run": True, "warnings": []})
     r = gpuctl("release", "--allocation", ref, "--json")
     assert (r.returncode, json.loads(r.stdout)) == (
-        0, {"schema": 1, "released": ref, "warnings": []})
+        0, {"schema": 2, "ref": ref, "released": True, "dry_run": False, "warnings": []})
     ref = gpuctl("claim", "--owner-pid", str(os.getpid())).stdout.strip()
     r = gpuctl("release", "--gpu", "0", "--force", "--reason", "test", "--json")
     assert (r.returncode, json.loads(r.stdout)) == (
-        0, {"schema": 1, "released": ref, "warnings": []})
+        0, {"schema": 2, "ref": ref, "released": True, "dry_run": False, "warnings": []})
 
     path = tmp_path / "config.toml"
     r = gpuctl("init", "-o", str(path), "--json", env={"RESOURCED_SIMULATED_GPUS": "2"})
     data = json.loads(r.stdout)
     assert r.returncode == 0 and data["path"] == str(path) and data["backend"] == "simulated"
-    assert data["schema"] == 1
+    assert data["schema"] == 2
     assert [g["index"] for g in data["gpus"]] == [0, 1] and path.exists()
 
 

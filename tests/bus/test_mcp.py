@@ -84,10 +84,10 @@ def test_the_context_tool_is_the_agent_context(clocked_daemon):
         return await call(s, "context"), await s.call_tool("context", {})
 
     data, raw = session(scenario)
-    assert set(data) == CONTEXT_KEYS and data["schema"] == 3
+    assert set(data) == CONTEXT_KEYS and data["schema"] == 4
     assert data["me"]["uid"] == os.getuid() and data["now"] == "2026-12-01T09:00:00Z"
     assert data["free"]["gpus"] == ["gpu0", "gpu1"]
-    assert json.loads(raw.content[0].text)["schema"] == 3   # the same as text, for any client
+    assert json.loads(raw.content[0].text)["schema"] == 4   # the same as text, for any client
 
 
 def test_a_booking_is_replayed_by_its_operation_id_and_a_conflict_names_its_code(clocked_daemon):
@@ -176,7 +176,7 @@ def test_claim_replay_and_release(clocked_daemon):
     assert short.startswith(("NotEnoughGPUs: ", "NotEnoughCapacity: ", "InvalidArgs: ")), short
     assert [(k["id"], k["owner_pid"], k["task_name"]) for k in held["claims"]] == [
         (ref, me["pid"], "tune")]
-    assert (used["holding"]["claims"], used["holding"]["gpus"]) == (1, 1)
+    assert (used["holding"]["claims"], used["holding"]["gpu_count"]) == (1, 1)
     assert gave == replay and gave["released"] is True
     assert unknown.startswith("NoSuchClaim: ")
     assert after["claims"] == []
@@ -297,7 +297,7 @@ def test_resources_and_the_prompt(clocked_daemon):
     assert set(listed) == {"resourced://context", "resourced://usage"}
     assert all(r.mime_type == "application/json" for r in listed.values())
     data = json.loads(context.contents[0].text)
-    assert set(data) == CONTEXT_KEYS and data["schema"] == 3
+    assert set(data) == CONTEXT_KEYS and data["schema"] == 4
     assert json.loads(usage.contents[0].text)["holding"]["claims"] == 0
     assert [(a.name, a.required) for a in prompts["plan_gpu_work"].arguments] == [
         ("what", True), ("gpus", False), ("duration", False)]

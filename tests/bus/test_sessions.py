@@ -159,7 +159,7 @@ def test_session_by_option_or_environment_shows_in_status_and_sessions(daemon, o
 def test_the_grant_carries_the_session(daemon, owner):
     result = ok_json("claim", "--owner-pid", str(owner.pid), "--gpus", "1",
                      "--session", "agent-7")
-    assert (result["schema"], result["allocation"]["session"]) == (1, "agent-7")
+    assert (result["schema"], result["allocation"]["session"]) == (2, "agent-7")
     with Client() as c:
         granted = c.claim(mode="dev", gpus=1, owner_pid=owner.pid, session="agent-8")
         assert granted["allocation"]["session"] == "agent-8"
@@ -400,7 +400,7 @@ def test_stop_dry_run_lists_and_changes_nothing(daemon, owner, signals):
     would = ok_json("stop", "--session", "A", "--dry-run")
     r = gpuctl("stop", "--session", "A", "--dry-run")
 
-    assert would == {"schema": 1, "dry_run": True, "claims": [a1], "bookings": [booked]}
+    assert would == {"schema": 2, "dry_run": True, "claims": [a1], "bookings": [booked]}
     assert (r.returncode, r.stdout) == (0, "")
     line = one_gpuctl_line(r.stderr)
     assert "would stop" in line and a1 in line and booked in line and "dry run" in line
@@ -566,7 +566,8 @@ def test_release_dry_run_releases_nothing(daemon, owner):
 
     assert (r.returncode, r.stdout) == (0, "")
     assert "would release" in one_gpuctl_line(r.stderr)
-    assert result == {"schema": 1, "dry_run": True, "would_release": ref, "warnings": []}
+    assert result == {"schema": 2, "ref": ref, "released": False, "dry_run": True,
+                      "warnings": []}
     assert (status(), free()) == before == (before[0], 2)
     with Client() as c:
         assert c.release(ref, dry_run=True) == []
@@ -653,7 +654,7 @@ def test_claims_and_bookings_keep_their_session_across_a_restart(start_daemon, o
     assert claims()[ref]["session"] == "kept"
     assert bookings()[booked]["session"] == "kept"
     assert ok_json("stop", "--session", "kept") == {
-        "schema": 1, "dry_run": False, "claims": [ref], "bookings": [booked]}
+        "schema": 2, "dry_run": False, "claims": [ref], "bookings": [booked]}
 
 
 def active_booking(session: str) -> str:
@@ -667,7 +668,7 @@ def test_stop_releases_an_active_booking_and_the_command_run_on_it_ends(daemon, 
     ref = active_booking("A")
     with trapping_run(tmp_path, "--allocation", ref) as run:
         assert ok_json("stop", "--session", "A") == {
-            "schema": 1, "dry_run": False, "claims": [], "bookings": [ref]}
+            "schema": 2, "dry_run": False, "claims": [], "bookings": [ref]}
         assert bookings()[ref]["state"] == "ended"
         assert status()["claims"] == []
         run.wait(timeout=8)  # its end watcher sees the booking gone (SIGTERM)

@@ -71,7 +71,7 @@ def test_free_json_and_text_agree_with_status(daemon, owner):
     as_json = gpuctl("free", "--json")
     as_text = gpuctl("free")
 
-    assert json.loads(as_json.stdout) == {"schema": 1, "free": 1}
+    assert json.loads(as_json.stdout) == {"schema": 2, "free": 1}
     assert status_json()["free"] == 1
     assert (as_text.returncode, as_text.stdout) == (0, "1\n")
 
@@ -95,7 +95,7 @@ def test_status_json_has_exactly_the_documented_keys(daemon, owner):
     data = status_json()
 
     top, gpu, pool, claim = documented_status_keys()
-    assert set(data) == top and data["schema"] == 1
+    assert set(data) == top and data["schema"] == 2
     assert all(set(g) == gpu for g in data["gpus"]) and data["gpus"]
     assert all(set(p) == pool for p in data["pools"]) and data["pools"]
     assert [set(c) for c in data["claims"]] == [claim]
@@ -105,7 +105,7 @@ def test_resources_json_says_its_schema(daemon):
     r = gpuctl("resources", "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    assert (data["schema"], data["source"]) == (1, "daemon")
+    assert (data["schema"], data["source"]) == (2, "daemon")
 
 
 def test_human_status_shows_claim_task_label_user_and_age(daemon, owner):

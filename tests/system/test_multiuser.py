@@ -267,7 +267,7 @@ def test_everyone_can_read(rig, key):
     assert {c["id"]: c["user"] for c in data["claims"]} == {
         ref: rig.login(owner) for ref, owner in refs.items()}
     assert ok(rig.gpuctl(key, "free")).strip() == "1"
-    assert json.loads(ok(rig.gpuctl(key, "free", "--json"))) == {"schema": 1, "free": 1}
+    assert json.loads(ok(rig.gpuctl(key, "free", "--json"))) == {"schema": 2, "free": 1}
     report = json.loads(ok(rig.gpuctl(key, "verify", "--json")))
     assert report["problems"] is False and len(report["gpus"]) == NGPUS
     assert {r["claim"] for r in report["gpus"]} == {*refs, ""}

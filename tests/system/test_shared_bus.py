@@ -115,7 +115,7 @@ def test_a_member_connects_once_then_claims_runs_and_releases_with_plain_gpuctl(
     rig = host.rig
     connected = json.loads(ok(rig.gpuctl("alice", "connect", host.dir, "--json",
                                          env=host.env("alice"))))
-    assert connected["host"] == rig.login("dave") and connected["gpus"] == NGPUS
+    assert connected["host"] == rig.login("dave") and connected["gpu_count"] == NGPUS
     ref = ok(rig.gpuctl("alice", "claim", "--gpus", 1, "--owner-pid", rig.sleepers["alice"],
                         env=host.env("alice"))).strip()
     assert host.claims()[ref]["user"] == rig.login("alice")

@@ -104,7 +104,7 @@ def test_json_ok():
     assert result.returncode == 0
     data = json.loads(result.stdout)
     assert data["path"] == str(EXAMPLE)
-    assert (data["schema"], data["ok"], data["error"]) == (1, True, None)
+    assert (data["schema"], data["ok"], data["error"]) == (2, True, None)
     assert data["config"]["daemon"]["probe_timeout"] == 10
     assert [c["name"] for c in data["config"]["checks"]] == ["ram", "root disk"]
 
@@ -123,7 +123,7 @@ def test_json_error(tmp_path):
     result = check(str(path), "--json")
     data = json.loads(result.stdout)
     message = f'{path}: check[0].path: required for type "disk"'
-    assert data == {"schema": 1, "path": str(path), "ok": False, "error": message,
+    assert data == {"schema": 2, "path": str(path), "ok": False, "error": message,
                     "config": None}
     assert_one_error_line(result)
     assert result.stderr == f"gpuctl: {message}\n"

@@ -368,6 +368,35 @@ def test_every_json_command_fails_in_json_too(capsys):
         assert err.startswith("gpuctl: No such option"), path
 
 
+def schema_properties(schema, path=""):
+    """(path, name, its schema) for every property that a JSON Schema names, nested ones too."""
+    if isinstance(schema, dict):
+        for name, sub in schema.get("properties", {}).items():
+            yield f"{path}/{name}", name, sub
+        for key, sub in schema.items():
+            yield from schema_properties(sub, f"{path}/{key}" if key != "properties" else path)
+    elif isinstance(schema, list):
+        for sub in schema:
+            yield from schema_properties(sub, path)
+
+
+def test_gpus_is_a_list_in_every_output_and_a_count_says_so():
+    """The same key, the same shape: ``gpus`` is always a list (the GPUs, or a holding's
+    aliases), and a count of GPUs is ``gpus_requested`` or ``gpu_count``, in every output's
+    schema (each held against the real output by tests/bus/test_json_contract.py)."""
+    import json
+
+    found, counts = [], set()
+    for file in sorted((Path(__file__).parents[2] / "schemas" / "gpuctl").glob("*.json")):
+        for path, name, sub in schema_properties(json.loads(file.read_text())):
+            if name == "gpus" and sub.get("type") != "array":
+                found.append(f"{file.name}{path}")
+            if "gpu" in name and sub.get("type") == "integer" and not name.startswith("max_"):
+                counts.add(name)  # (a limit keeps its configuration key's name)
+    assert found == []
+    assert counts <= {"gpus_requested", "gpu_count"}, counts
+
+
 # --- rule 2: one request vocabulary ----------------------------------------------------------
 
 REQUEST = {"--gpus", "-G", "--gpu", "--exclude", "--vram", "--ram", "--cpu", "--pool", "--label",
