@@ -215,7 +215,7 @@ def test_usage_sums_what_i_hold_and_have_booked_ahead(clocked_daemon):
         return await call(s, "usage")
 
     used = session(scenario)
-    assert used["holding"] == {"claims": 2, "waiting": 0, "gpus": 1, "vram_bytes": 10 * 2**30,
+    assert used["holding"] == {"claims": 2, "waiting": 0, "gpu_count": 1, "vram_bytes": 10 * 2**30,
                                "pools": {}}
     assert used["booked_ahead"]["bookings"] == 2
     assert used["booked_ahead"]["gpu_hours"] == 4.0
