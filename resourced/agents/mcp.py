@@ -1,9 +1,9 @@
 """resourced-mcp: resourced for coding agents over the Model Context Protocol (stdio).
 
 A thin adapter over the bus: each tool is one or two calls of the blocking
-``resourced.client.sync.Client``, made in a worker thread (never on the event loop), as the user
-who started the server; the daemon decides everything, as it does for ``gpuctl``.  Needs
-the optional extra ``resourced[mcp]`` (the official ``mcp`` SDK, version 2).
+``resourced.client.sync.Client``, made in a worker thread of the server
+(``agents.mcp_stdio``), as the user who started it; the daemon decides everything, as it
+does for ``gpuctl``.  It needs nothing beyond the client's own dependencies.
 
 Tools: ``context``, ``recommend``, ``list`` and ``usage`` read; ``claim``, ``book`` and
 ``extend`` add; ``release`` and ``cancel`` take away.  Every write takes an
@@ -23,9 +23,9 @@ import sys
 
 from resourced.client.sync import SharedClient
 
+from .mcp_stdio import Param, Prompt, Resource, Server, Tool, ToolFailed
+
 NAME = "resourced"
-MISSING_SDK = ("resourced-mcp: the MCP SDK (mcp 2.x) is not installed; install resourced[mcp]:"
-               " pip install 'resourced[mcp]'")
 
 INSTRUCTIONS = """\
 This machine's GPUs are shared through resourced: claim before you use a GPU, release as
@@ -125,45 +125,31 @@ class Bus(SharedClient):
             self.own.discard(ref)
 
 
-def build_server(link: Bus | None = None):
-    """The MCPServer with resourced's tools, resources and prompt (imports the SDK), over
-    ``link`` (default: a ``Bus`` found as every client finds it)."""
-    from typing import Annotated, Any
-
-    import anyio.to_thread
-    from mcp.server.mcpserver import MCPServer
-    from mcp.server.mcpserver.exceptions import ResourceError, ToolError
-    from mcp.types import CallToolResult, TextContent, ToolAnnotations
-    from pydantic import BeforeValidator, Field, ValidationError
-
+def build_server(link: Bus | None = None) -> Server:
+    """The server with resourced's tools, resources and prompt, over ``link`` (default: a
+    ``Bus`` found as every client finds it)."""
     from resourced import __version__
     from resourced.errors import ResourcedError
     from resourced.protocol.when import DURATION_FORMS, parse_duration
 
     from . import context as agent_context
 
-    class Server(MCPServer):
-        """Arguments that do not match a tool's schema are answered as every other refusal:
-        ``InvalidArgs: <what>`` (``operation_id is required``), not the validator's dump."""
+    link = link or Bus()
+    server = Server(NAME, "resourced: shared GPUs", __version__, INSTRUCTIONS)
 
-        async def call_tool(self, name, arguments, context=None):
-            try:
-                return await super().call_tool(name, arguments, context)
-            except ToolError as exc:
-                if not isinstance(exc.__cause__, ValidationError):
-                    raise
-                raise ToolError(f"InvalidArgs: {invalid_args(exc.__cause__)}") from exc.__cause__
+    def ask(fn):
+        """``fn(client)``; a resourced error is the tool's refusal, its code first."""
+        try:
+            return link.call(fn)
+        except ResourcedError as exc:
+            raise ToolFailed(f"{exc.code}: {exc.message}") from None
 
-    def invalid_args(exc: ValidationError) -> str:
-        """What is wrong with each argument, one clause each."""
-        clauses = []
-        for error in exc.errors():
-            name = ".".join(str(part) for part in error["loc"]) or "arguments"
-            if error["type"] == "missing":
-                clauses.append(f"{name} is required")
-            else:
-                clauses.append(f"{name}: {error['msg'].removeprefix('Value error, ')}")
-        return "; ".join(clauses)
+    def once(op_id: str, request: dict, fn, dry_run: bool):
+        """The same, once per operation id (``Bus.once``)."""
+        try:
+            return link.once(op_id, request, fn, dry_run)
+        except ResourcedError as exc:
+            raise ToolFailed(f"{exc.code}: {exc.message}") from None
 
     def span_text(value):
         """A duration in the one grammar, as text: a bare number is refused (Slurm reads
@@ -171,114 +157,79 @@ def build_server(link: Bus | None = None):
         if not isinstance(value, str):
             raise ValueError(f"give a duration as text ({DURATION_FORMS}), not {value!r}")
         parse_duration(value)
-        return value
-
-    link = link or Bus()
-    server = Server(NAME, title="resourced: shared GPUs", instructions=INSTRUCTIONS,
-                       version=__version__, log_level="WARNING")
-
-    def tool(annotations: ToolAnnotations, name: str | None = None):
-        """Register a tool, its docstring as one paragraph for its description."""
-        def register(fn):
-            server.add_tool(fn, name=name, description=_paragraph(fn.__doc__),
-                            annotations=annotations)
-            return fn
-        return register
-
-    def failed(exc: ResourcedError) -> CallToolResult:
-        """A tool error (isError) whose text is ``<code>: <message>``, as the model reads it."""
-        text = f"{exc.code}: {exc.message}"
-        return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
-
-    def answer(data: dict) -> CallToolResult:
-        """The structured answer, and the same as compact JSON text for clients that read
-        only text (the SDK's own text would be indented: half as large again)."""
-        text = json.dumps(data, separators=(",", ":"))
-        return CallToolResult(content=[TextContent(type="text", text=text)],
-                              structured_content=data)
-
-    async def ask(fn) -> CallToolResult:
-        """A tool's answer: ``fn(client)``, run off the event loop, or the error it raised."""
-        try:
-            return answer(await anyio.to_thread.run_sync(link.call, fn))
-        except ResourcedError as exc:
-            return failed(exc)
 
     def changed(booking: dict, dry_run: bool) -> dict:
         """A change's answer, in book's shape (gpuctl's --json too): status and booking."""
         return {"status": "dry-run" if dry_run else "changed",
                 "booking": agent_context.with_times(booking)}
 
-    async def once(op_id: str, request: dict, fn, dry_run: bool) -> CallToolResult:
-        """The same, once per operation id (``Bus.once``)."""
-        try:
-            return answer(await anyio.to_thread.run_sync(link.once, op_id, request, fn,
-                                                         dry_run))
-        except ResourcedError as exc:
-            return failed(exc)
+    def tool(annotations: dict, *params: Param, name: str | None = None):
+        """Register a tool: its docstring as one paragraph for its description."""
+        def register(fn):
+            server.tools[name or fn.__name__] = Tool(name or fn.__name__, _paragraph(fn.__doc__),
+                                                     annotations, params, fn)
+            return fn
+        return register
 
-    async def read(fn) -> str:
-        """A resource's JSON text; a resourced error is the read's error, its code first."""
-        try:
-            return json.dumps(await anyio.to_thread.run_sync(link.call, fn), sort_keys=True)
-        except ResourcedError as exc:
-            raise ResourceError(f"{exc.code}: {exc.message}") from None
+    reading = {"readOnlyHint": True, "idempotentHint": True, "openWorldHint": False}
+    adding = {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": True,
+              "openWorldHint": False}
+    removing = {**adding, "destructiveHint": True}
 
-    reading = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
-    adding = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True,
-                             open_world_hint=False)
-    removing = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True,
-                               open_world_hint=False)
-
-    # Each tool returns its own CallToolResult (a dict as structured content, or an error);
-    # the dict is what the SDK checks it against and publishes as the output schema.
-    Answer = Annotated[CallToolResult, dict[str, Any]]
-    OpId = Annotated[str, Field(min_length=1, max_length=256, description=(
+    span_forms = f"How long: {DURATION_FORMS} (a bare number is refused: give the unit)."
+    op_id = Param("operation_id", {"type": "string", "minLength": 1, "maxLength": 256,
+                                   "description": (
         "Unique per intent (e.g. 'train-7-claim'). Retrying with the same id and the same "
         "arguments answers the first result and does nothing twice; the same id with other "
-        "arguments is refused (InvalidArgs)."))]
-    DryRun = Annotated[bool, Field(description=(
-        "Ask the daemon what would happen, decided by its real admission; change nothing."))]
-    Gpus = Annotated[int | None, Field(ge=0, le=2**32 - 1, description="Whole GPUs.")]
-    Vram = Annotated[int | str | None, Field(description=(
-        "A share of one GPU's memory: bytes, or text like '20G'."))]
-    Ram = Annotated[int | str | None, Field(description="Host RAM: bytes, or text like '64G'.")]
-    Cpu = Annotated[int | str | None, Field(description="CPU cores.")]
-    Span = Annotated[str, BeforeValidator(span_text), Field(description=(
-        f"How long: {DURATION_FORMS} (a bare number is refused: give the unit)."))]
-    Ref = Annotated[str, Field(min_length=1, description="The booking's reference (its id).")]
+        "arguments is refused (InvalidArgs).")}, None)
+    dry_run = Param("dry_run", {"type": "boolean", "default": False, "description": (
+        "Ask the daemon what would happen, decided by its real admission; change nothing.")},
+        None)
+    gpus = Param("gpus", optional({"type": "integer", "minimum": 0, "maximum": 2**32 - 1},
+                                  "Whole GPUs."), None)
+    vram = Param("vram", optional(AMOUNT, "A share of one GPU's memory: bytes, or text like "
+                                          "'20G'."), None)
+    ram = Param("ram", optional(AMOUNT, "Host RAM: bytes, or text like '64G'."), None)
+    cpu = Param("cpu", optional(AMOUNT, "CPU cores."), None)
+    duration = Param("duration", {"type": "string", "description": span_forms}, span_text)
+    booking = Param("booking", {"type": "string", "minLength": 1,
+                                "description": "The booking's reference (its id)."}, None)
+
+    def text(name: str, description: str, default=None) -> Param:
+        schema = {"type": "string"}
+        return Param(name, {**schema, "default": default, "description": description}
+                     if default is not None else optional(schema, description), None)
 
     @tool(reading)
-    async def context() -> Answer:
+    def context() -> dict:
         """Everything to look at first, in one call (the same JSON as `gpuctl agent context
         --json`, versioned by its schema field): me, what I hold (claims, bookings), what is
         free, the next places for one and for all GPUs, the queue, health, notices, my
         limits, the commands to use."""
-        return await ask(agent_context.context)
+        return ask(agent_context.context)
 
-    @tool(reading)
-    async def recommend(duration: Span, gpus: Gpus = None, vram: Vram = None, ram: Ram = None,
-                        cpu: Cpu = None) -> Answer:
+    @tool(reading, duration, gpus, vram, ram, cpu)
+    def recommend(duration, gpus, vram, ram, cpu) -> dict:
         """Where and when this would fit, taking nothing (like `gpuctl agent recommend`):
         fits now (claim it), or the earliest start to book, or fits nowhere within the
         booking horizon. Nothing asked for is one whole GPU."""
-        return await ask(lambda c: agent_context.recommend(c, duration, gpus=gpus, vram=vram,
-                                                           ram=ram, cpu=cpu))
+        return ask(lambda c: agent_context.recommend(c, duration, gpus=gpus, vram=vram,
+                                                     ram=ram, cpu=cpu))
 
-    @tool(adding)
-    async def claim(operation_id: OpId, gpus: Gpus = None, vram: Vram = None, ram: Ram = None,
-                    cpu: Cpu = None,
-                    duration: Annotated[Span | None, Field(description=(
-                        "End the claim this long after now ('2h', '30m'); none: until "
-                        "released."))] = None,
-                    task_name: Annotated[str, Field(description="What it is for.")] = "",
-                    label: Annotated[str, Field(description="A short label for status.")] = "",
-                    owner_pid: Annotated[int | None, Field(ge=1, le=2**32 - 1, description=(
-                        "The process the claim belongs to. Default: this MCP server, whose "
-                        "claims are released when the MCP session ends; pass your own "
-                        "long-lived pid to keep the claim beyond the session (until you "
-                        "release it)."))] = None,
-                    dry_run: DryRun = False) -> Answer:
+    @tool(adding, op_id, gpus, vram, ram, cpu,
+          Param("duration", optional({"type": "string", "description": span_forms},
+                                     "End the claim this long after now ('2h', '30m'); none: "
+                                     "until released."), span_text),
+          text("task_name", "What it is for.", ""),
+          text("label", "A short label for status.", ""),
+          Param("owner_pid", optional({"type": "integer", "minimum": 1, "maximum": 2**32 - 1},
+                                      "The process the claim belongs to. Default: this MCP "
+                                      "server, whose claims are released when the MCP session "
+                                      "ends; pass your own long-lived pid to keep the claim "
+                                      "beyond the session (until you release it)."), None),
+          dry_run)
+    def claim(operation_id, gpus, vram, ram, cpu, duration, task_name, label, owner_pid,
+              dry_run) -> dict:
         """Claim GPUs, a VRAM share and/or RAM/CPU now, all or nothing (nothing asked for is
         one whole GPU). Answers the allocation (ref, GPUs), the environment to run with
         (CUDA_VISIBLE_DEVICES) and warnings. Refused with NotEnoughGPUs/NotEnoughCapacity
@@ -298,16 +249,16 @@ def build_server(link: Bus | None = None):
                 link.own.add(result["allocation"]["ref"])
             return {**result, "owner_pid": owner}
 
-        return await once(operation_id, request, take, dry_run)
+        return once(operation_id, request, take, dry_run)
 
-    @tool(removing)
-    async def release(operation_id: OpId,
-                      ref: Annotated[str, Field(min_length=1, description=(
-                          "The claim's reference (allocation.ref of claim)."))],
-                      force: Annotated[bool, Field(description=(
-                          "Release even while the claim's processes still use its GPUs "
-                          "(else StillInUse)."))] = False,
-                      dry_run: DryRun = False) -> Answer:
+    @tool(removing, op_id,
+          Param("ref", {"type": "string", "minLength": 1, "description": (
+              "The claim's reference (allocation.ref of claim).")}, None),
+          Param("force", {"type": "boolean", "default": False, "description": (
+              "Release even while the claim's processes still use its GPUs (else "
+              "StillInUse).")}, None),
+          dry_run)
+    def release(operation_id, ref, force, dry_run) -> dict:
         """Release one of my claims (a waiting one leaves the queue). Refused with StillInUse
         while its processes still use its GPUs, unless forced."""
         request = {"tool": "release", "ref": ref, "force": force}
@@ -319,16 +270,13 @@ def build_server(link: Bus | None = None):
             return {"ref": ref, "released": not dry_run, "dry_run": dry_run,
                     "warnings": list(done)}
 
-        return await once(operation_id, request, give_back, dry_run)
+        return once(operation_id, request, give_back, dry_run)
 
-    @tool(adding)
-    async def book(operation_id: OpId, duration: Span, gpus: Gpus = None, vram: Vram = None,
-                   start: Annotated[str | None, Field(description=(
-                       "Exactly when: '20:00', 'tomorrow 09:00', '+30m', or ISO 8601 (local "
-                       "time unless it has a zone). None: the earliest start that fits."))] = None,
-                   label: Annotated[str | None, Field(description="A short label.")] = None,
-                   task_name: Annotated[str | None, Field(description="What it is for.")] = None,
-                   dry_run: DryRun = False) -> Answer:
+    @tool(adding, op_id, duration, gpus, vram,
+          text("start", "Exactly when: '20:00', 'tomorrow 09:00', '+30m', or ISO 8601 (local "
+                        "time unless it has a zone). None: the earliest start that fits."),
+          text("label", "A short label."), text("task_name", "What it is for."), dry_run)
+    def book(operation_id, duration, gpus, vram, start, label, task_name, dry_run) -> dict:
         """Book GPUs (or a VRAM share) for a window, all or nothing over all of it: status
         'created', 'exists' (this operation_id was booked before: its booking) or 'dry-run',
         and the booking (id, start, end, GPUs). Refused, with the nearest start that fits,
@@ -341,70 +289,75 @@ def build_server(link: Bus | None = None):
                           task_name=task_name, op_id=operation_id, dry_run=dry_run)
             return {**made, "booking": agent_context.with_times(made["booking"])}
 
-        return await ask(reserve)
+        return ask(reserve)
 
-    @tool(adding)
-    async def extend(operation_id: OpId, booking: Ref,
-                     by: Annotated[Span | None, Field(description=(
-                         "Move the end this much later: '1h', '30m'."))] = None,
-                     until: Annotated[str | None, Field(description=(
-                         "Or the new end: '22:00', ISO 8601 (earlier shrinks it, not before "
-                         "now)."))] = None,
-                     dry_run: DryRun = False) -> Answer:
+    @tool(adding, op_id, booking,
+          Param("by", optional({"type": "string", "description": span_forms},
+                               "Move the end this much later: '1h', '30m'."), span_text),
+          text("until", "Or the new end: '22:00', ISO 8601 (earlier shrinks it, not before "
+                        "now)."),
+          dry_run)
+    def extend(operation_id, booking, by, until, dry_run) -> dict:
         """Move one of my bookings' end: by a duration, or until a time (give exactly one).
         Refused when the longer window does not fit. Answers as book does: the status
         (changed, dry-run) and the booking."""
-        return await ask(lambda c: changed(c.extend(booking, by=by, until=until,
-                                                    op_id=operation_id, dry_run=dry_run), dry_run))
+        return ask(lambda c: changed(c.extend(booking, by=by, until=until, op_id=operation_id,
+                                              dry_run=dry_run), dry_run))
 
-    @tool(removing)
-    async def cancel(operation_id: OpId, booking: Ref,
-                     reason: Annotated[str, Field(description="Why (kept with it).")] = "",
-                     dry_run: DryRun = False) -> Answer:
+    @tool(removing, op_id, booking, text("reason", "Why (kept with it).", ""), dry_run)
+    def cancel(operation_id, booking, reason, dry_run) -> dict:
         """End one of my bookings now (a scheduled one never starts; an active one ends and
         its claim with it). Answers as book does: the status and the booking."""
-        return await ask(lambda c: changed(c.cancel(booking, reason=reason, op_id=operation_id,
-                                                    dry_run=dry_run), dry_run))
+        return ask(lambda c: changed(c.cancel(booking, reason=reason, op_id=operation_id,
+                                              dry_run=dry_run), dry_run))
 
     @tool(reading, name="list")
-    async def list_mine() -> Answer:
+    def list_mine() -> dict:
         """My claims (granted and waiting, each with its ref, GPUs, owner pid, end) and my
         bookings (scheduled, active, and those ended within the last day)."""
-        return await ask(agent_context.holdings)
+        return ask(agent_context.holdings)
 
     @tool(reading)
-    async def usage() -> Answer:
+    def usage() -> dict:
         """What I hold now (claims, whole GPUs, VRAM shares, pools) and what I have booked
         from now on (bookings, GPU-hours, VRAM GiB-hours, the next start), summed; and my
         history of the last week (GPU-hours held, used and held idle; claims and bookings),
         from the daemon's usage history."""
-        return await ask(agent_context.usage)
+        return ask(agent_context.usage)
 
-    @server.resource("resourced://context", name="context", mime_type="application/json",
-                     description="The same JSON as the context tool.")
-    async def context_resource() -> str:
-        return await read(agent_context.context)
+    for uri, name, description, fn in (
+            ("resourced://context", "context", "The same JSON as the context tool.",
+             agent_context.context),
+            ("resourced://usage", "usage", "The same JSON as the usage tool: what I hold now "
+             "and have booked ahead, and my history of the last week.", agent_context.usage)):
+        server.resources[uri] = Resource(
+            uri, name, description, "application/json",
+            lambda fn=fn: json.dumps(ask(fn), sort_keys=True))
 
-    @server.resource("resourced://usage", name="usage", mime_type="application/json",
-                     description=("The same JSON as the usage tool: what I hold now and "
-                                  "have booked ahead, and my history of the last week."))
-    async def usage_resource() -> str:
-        return await read(agent_context.usage)
-
-    @server.prompt(title="Plan GPU work through resourced", description=(
-        "A plan for GPU work: look at the context, claim or book with an operation id, run "
-        "it yourself, release."))
-    def plan_gpu_work(what: Annotated[str, Field(description="The work, e.g. 'fine-tune "
-                                                             "the 7B model'.")],
-                      gpus: Annotated[str, Field(description="How many GPUs.")] = "1",
-                      duration: Annotated[str, Field(description="How long, e.g. '2h'.")]
-                      = "1h") -> str:
+    def plan_gpu_work(what: str, gpus: str = "1", duration: str = "1h") -> str:
         short = " ".join(what.split())[:60]
         op_id = "-".join(short.lower().split()[:4]) or "work"
         return PLAN.format(what=short, what_short=short.replace('"', "'"), gpus=gpus,
                            duration=duration, op_id=f"{op_id}-1")
 
+    server.prompts["plan_gpu_work"] = Prompt(
+        "plan_gpu_work", "Plan GPU work through resourced",
+        "A plan for GPU work: look at the context, claim or book with an operation id, run it "
+        "yourself, release.",
+        (("what", "The work, e.g. 'fine-tune the 7B model'.", True),
+         ("gpus", "How many GPUs.", False), ("duration", "How long, e.g. '2h'.", False)),
+        plan_gpu_work)
     return server
+
+
+AMOUNT = {"anyOf": [{"type": "integer"}, {"type": "string"}]}
+"""An amount: a number (bytes, or a count), or text with its unit (``20G``)."""
+
+
+def optional(schema: dict, description: str) -> dict:
+    """``schema`` or null, null by default."""
+    kinds = schema["anyOf"] if "anyOf" in schema else [schema]
+    return {"anyOf": [*kinds, {"type": "null"}], "default": None, "description": description}
 
 
 def _paragraph(text: str) -> str:
@@ -425,14 +378,9 @@ def main(argv: list[str] | None = None) -> None:
                              "start there, else the system bus).")
     parser.add_argument("--version", action="version", version=f"resourced-mcp {__version__}")
     args = parser.parse_args(argv)
-    try:
-        import mcp.server.mcpserver  # noqa: F401 - the SDK's 2.x server API
-    except ImportError:
-        print(MISSING_SDK, file=sys.stderr)
-        sys.exit(2)
     link = Bus(args.bus)
     try:
-        build_server(link).run("stdio")
+        build_server(link).serve(sys.stdin.buffer, sys.stdout.buffer)
     except KeyboardInterrupt:
         pass
     finally:

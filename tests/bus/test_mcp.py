@@ -306,12 +306,27 @@ def test_resources_and_the_prompt(clocked_daemon):
         assert step in text, step
 
 
-def test_without_the_sdk_it_says_what_to_install(tmp_path):
-    blocker = tmp_path / "mcp"
-    blocker.mkdir()
-    (blocker / "__init__.py").write_text("raise ImportError('no MCP SDK here')\n")
+def test_it_needs_no_mcp_sdk(tmp_path):
+    """With no MCP SDK (nor pydantic) importable, the server answers the handshake, lists
+    its tools and refuses a call without its operation_id, and exits 0 at the end of its
+    input."""
+    for name in ("mcp", "mcp_types", "pydantic", "anyio"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ImportError('no {name} here')\n")
+    lines = [{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                 "protocolVersion": "2025-06-18", "capabilities": {},
+                 "clientInfo": {"name": "test", "version": "0"}}},
+             {"jsonrpc": "2.0", "method": "notifications/initialized"},
+             {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+             {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+              "params": {"name": "claim", "arguments": {"gpus": 1}}}]
     done = subprocess.run([str(SERVER)], env={**os.environ, "PYTHONPATH": str(tmp_path)},
-                          capture_output=True, text=True, timeout=TIMEOUT, check=False,
-                          stdin=subprocess.DEVNULL)
-    assert done.returncode == 2
-    assert "resourced[mcp]" in done.stderr and done.stdout == ""
+                          input="".join(json.dumps(m) + "\n" for m in lines),
+                          capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    assert (done.returncode, done.stderr) == (0, "")
+    answers = {m["id"]: m["result"] for m in map(json.loads, done.stdout.splitlines())}
+    assert answers[1]["protocolVersion"] == "2025-06-18"
+    assert answers[1]["serverInfo"]["name"] == "resourced"
+    assert {t["name"] for t in answers[2]["tools"]} == READS | WRITES
+    assert answers[3] == {"content": [{"type": "text", "text": "InvalidArgs: operation_id is "
+                                                               "required"}], "isError": True}

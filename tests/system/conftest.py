@@ -464,7 +464,7 @@ class Rig:
             f"set -e\necho rdt-time-start $(date +%s.%N)\n"
             f"{DEBIAN_PYTHON} -m venv {self.venv}\n"
             f"echo rdt-time-venv $(date +%s.%N)\n"
-            f"{self.venv}/bin/python -m pip install -q --no-compile '{src}[mcp]'\n"
+            f"{self.venv}/bin/python -m pip install -q --no-compile '{src}'\n"
             f"echo rdt-time-pip $(date +%s.%N)\n"
         )
         with open(self.logs["venv"], "w") as log:
