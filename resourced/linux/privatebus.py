@@ -6,7 +6,10 @@ server, say) would start whatever the machine has installed for it.  Here only t
 service files in ``servicedirs`` can be activated.
 """
 
+import contextlib
+import ctypes
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -30,14 +33,23 @@ CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configurat
 """
 
 
+START_TIMEOUT = 10.0
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
 class PrivateBus:
-    """A session-type ``dbus-daemon`` on its own socket; a context manager that stops it."""
+    """A session-type ``dbus-daemon`` on its own socket; a context manager that stops it.
+
+    The bus is the starter's child and ends with the thread that started it, killed or not
+    (``PR_SET_PDEATHSIG``), and so does a resourced daemon on it (it exits when it loses
+    its bus): a demo or a test run stopped with SIGKILL leaves nothing running."""
 
     def __init__(self, servicedirs: tuple[Path, ...] = ()):
         self.servicedirs = servicedirs
         self.address = ""
         self.pid = 0
         self._dir = ""
+        self._proc: subprocess.Popen | None = None
 
     def start(self) -> "PrivateBus":
         self._dir = tempfile.mkdtemp(prefix="resourced-bus-")
@@ -45,24 +57,33 @@ class PrivateBus:
         dirs = "".join(f"  <servicedir>{escape(str(d))}</servicedir>\n" for d in self.servicedirs)
         config.write_text(CONFIG.format(dir=escape(self._dir), servicedirs=dirs))
         try:
-            out = subprocess.run(
-                ["dbus-daemon", f"--config-file={config}", "--fork", "--nopidfile",
-                 "--print-address=1", "--print-pid=1"],
-                check=True, capture_output=True, text=True, timeout=10,
-            ).stdout.split()
+            self._proc = subprocess.Popen(
+                ["dbus-daemon", f"--config-file={config}", "--nofork", "--nopidfile",
+                 "--print-address=1"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+                preexec_fn=_ending_with(os.getpid()))
         except FileNotFoundError as exc:
             self._remove_dir()
             raise RuntimeError("dbus-daemon is not installed (Debian: apt-get install dbus-daemon)") from exc
-        self.address, self.pid = out[0], int(out[1])
+        self.pid = self._proc.pid
+        with self._proc.stdout as out:
+            ready, _, _ = select.select([out], [], [], START_TIMEOUT)
+            self.address = out.readline().strip() if ready else ""
+        if not self.address:
+            self.stop()
+            raise RuntimeError(f"dbus-daemon gave no address within {START_TIMEOUT:g} s")
         return self
 
     def stop(self) -> None:
-        if self.pid:
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(signal.SIGTERM)
             try:
-                os.kill(self.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            self.pid = 0
+                self._proc.wait(START_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc, self.pid = None, 0
         self._remove_dir()
 
     def _remove_dir(self) -> None:
@@ -79,3 +100,16 @@ class PrivateBus:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def _ending_with(parent: int):
+    """What the bus runs before exec: a SIGTERM when ``parent``'s starting thread ends
+    (and at once if it has ended already).  The function is looked up here, before the
+    fork, so that the child only calls it."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def child() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+    return child

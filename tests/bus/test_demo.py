@@ -3,9 +3,11 @@
 import glob
 import os
 import re
+import select
 import subprocess
 import sys
 import tempfile
+import time
 
 
 def test_the_demo_runs_its_steps_and_leaves_nothing_behind():
@@ -50,3 +52,60 @@ def test_a_step_that_fails_unexpectedly_fails_the_demo_and_names_it(tmp_path):
     assert "Traceback" not in r.stdout + r.stderr
     assert "Done" not in r.stdout
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "resourced-demo-*"))) <= demos_before
+
+
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie that its new parent has yet to reap."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _commands() -> dict[int, str]:
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    found[int(entry)] = f.read().replace(b"\0", b" ").decode()
+            except OSError:
+                pass
+    return found
+
+
+def test_a_demo_killed_with_sigkill_leaves_no_bus_and_no_daemon_running():
+    """The demo's bus ends with the demo, however it ends, and the daemon with its bus."""
+    demo = subprocess.Popen([sys.executable, "-m", "resourced.cli", "demo", "--shell"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, bufsize=0,
+                            env={**os.environ, "SHELL": "/bin/sh"})
+    try:
+        demo.stdin.write('echo "ready $DBUS_SESSION_BUS_ADDRESS,"\n')  # (the daemon is up)
+        demo.stdin.flush()
+        deadline = time.monotonic() + 60
+        seen = ""
+        while not re.search(r"ready unix:path=(\S+)/[^/]*?,", seen):
+            left = deadline - time.monotonic()
+            assert left > 0 and select.select([demo.stdout], [], [], left)[0], seen
+            seen += os.read(demo.stdout.fileno(), 65536).decode()
+        bus_dir = re.search(r"ready unix:path=(\S+)/[^/]*?,", seen)[1]
+        running = _commands()
+        bus = [p for p, cmd in running.items()
+               if cmd.startswith("dbus-daemon") and f"{bus_dir}/bus.conf" in cmd]
+        daemon = [p for p, cmd in running.items() if "resourced.daemon" in cmd
+                  and _parent(p) == demo.pid]
+        assert len(bus) == len(daemon) == 1, running
+    finally:
+        demo.kill()
+        demo.wait(10)
+    deadline = time.monotonic() + 20
+    while not (_ended(bus[0]) and _ended(daemon[0])):
+        assert time.monotonic() < deadline, "the bus or the daemon outlived the demo"
+        time.sleep(0.05)
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
