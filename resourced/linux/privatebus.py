@@ -56,22 +56,27 @@ class PrivateBus:
         config = Path(self._dir) / "bus.conf"
         dirs = "".join(f"  <servicedir>{escape(str(d))}</servicedir>\n" for d in self.servicedirs)
         config.write_text(CONFIG.format(dir=escape(self._dir), servicedirs=dirs))
+        log = open(Path(self._dir) / "bus.log", "w")  # (its warnings, named on a failure)
         try:
             self._proc = subprocess.Popen(
                 ["dbus-daemon", f"--config-file={config}", "--nofork", "--nopidfile",
                  "--print-address=1"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, text=True,
                 preexec_fn=_ending_with(os.getpid()))
         except FileNotFoundError as exc:
             self._remove_dir()
             raise RuntimeError("dbus-daemon is not installed (Debian: apt-get install dbus-daemon)") from exc
+        finally:
+            log.close()
         self.pid = self._proc.pid
         with self._proc.stdout as out:
             ready, _, _ = select.select([out], [], [], START_TIMEOUT)
             self.address = out.readline().strip() if ready else ""
         if not self.address:
+            said = (Path(self._dir) / "bus.log").read_text().strip()
             self.stop()
-            raise RuntimeError(f"dbus-daemon gave no address within {START_TIMEOUT:g} s")
+            raise RuntimeError(f"dbus-daemon gave no address within {START_TIMEOUT:g} s"
+                               + (f": {said.splitlines()[-1]}" if said else ""))
         return self
 
     def stop(self) -> None:
