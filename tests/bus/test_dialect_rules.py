@@ -20,11 +20,11 @@ def test_book_takes_gpubks_count_and_duration_first(clocked_daemon):
     r = gpuctl("book", "2", "30m", "--json")
     assert r.returncode == 0, r.stderr
     booking = json.loads(r.stdout)["booking"]
-    assert (booking["gpus"], hours(booking)) == (2, 0.5)
+    assert (booking["gpus_requested"], hours(booking)) == (2, 0.5)
     r = gpuctl("book", "-G", "1", "-t", "1:00:00", "--at", "+1h", "--json")
     assert r.returncode == 0, r.stderr
     booking = json.loads(r.stdout)["booking"]
-    assert (booking["gpus"], hours(booking)) == (1, 1.0)
+    assert (booking["gpus_requested"], hours(booking)) == (1, 1.0)
     assert len(bookings()) == 2
 
 
