@@ -137,19 +137,20 @@ def build_server(link: Bus | None = None) -> Server:
     link = link or Bus()
     server = Server(NAME, "resourced: shared GPUs", __version__, INSTRUCTIONS)
 
-    def ask(fn):
-        """``fn(client)``; a resourced error is the tool's refusal, its code first."""
+    def refusing(call, *args):
+        """``call(*args)``; a resourced error is the tool's refusal, its code first."""
         try:
-            return link.call(fn)
+            return call(*args)
         except ResourcedError as exc:
             raise ToolFailed(f"{exc.code}: {exc.message}") from None
 
+    def ask(fn):
+        """``fn(client)``, refused as ``refusing`` says."""
+        return refusing(link.call, fn)
+
     def once(op_id: str, request: dict, fn, dry_run: bool):
         """The same, once per operation id (``Bus.once``)."""
-        try:
-            return link.once(op_id, request, fn, dry_run)
-        except ResourcedError as exc:
-            raise ToolFailed(f"{exc.code}: {exc.message}") from None
+        return refusing(link.once, op_id, request, fn, dry_run)
 
     def span_text(value):
         """A duration in the one grammar, as text: a bare number is refused (Slurm reads
