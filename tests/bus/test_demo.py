@@ -9,6 +9,8 @@ import sys
 import tempfile
 import time
 
+from resourced.evidence.processes import open_pidfd, parent_and_name
+
 
 def test_the_demo_runs_its_steps_and_leaves_nothing_behind():
     demos_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "resourced-demo-*")))
@@ -54,15 +56,6 @@ def test_a_step_that_fails_unexpectedly_fails_the_demo_and_names_it(tmp_path):
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "resourced-demo-*"))) <= demos_before
 
 
-def _ended(pid: int) -> bool:
-    """Gone, or a zombie that its new parent has yet to reap."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 def _commands() -> dict[int, str]:
     found = {}
     for entry in os.listdir("/proc"):
@@ -95,17 +88,18 @@ def test_a_demo_killed_with_sigkill_leaves_no_bus_and_no_daemon_running():
         bus = [p for p, cmd in running.items()
                if cmd.startswith("dbus-daemon") and f"{bus_dir}/bus.conf" in cmd]
         daemon = [p for p, cmd in running.items() if "resourced.daemon" in cmd
-                  and _parent(p) == demo.pid]
+                  and (parent_and_name(p) or (0,))[0] == demo.pid]
         assert len(bus) == len(daemon) == 1, running
+        # (pidfds, taken while both run: readable once each has ended, reaped or not)
+        ending = [open_pidfd(bus[0]), open_pidfd(daemon[0])]
     finally:
         demo.kill()
         demo.wait(10)
-    deadline = time.monotonic() + 20
-    while not (_ended(bus[0]) and _ended(daemon[0])):
-        assert time.monotonic() < deadline, "the bus or the daemon outlived the demo"
-        time.sleep(0.05)
-
-
-def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
+    try:
+        deadline = time.monotonic() + 20
+        for fd, what in zip(ending, ("the bus", "the daemon")):
+            left = max(0.0, deadline - time.monotonic())
+            assert select.select([fd], [], [], left)[0], f"{what} outlived the demo by 20 s"
+    finally:
+        for fd in ending:
+            os.close(fd)
