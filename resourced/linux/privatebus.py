@@ -47,9 +47,13 @@ class PrivateBus:
     def __init__(self, servicedirs: tuple[Path, ...] = ()):
         self.servicedirs = servicedirs
         self.address = ""
-        self.pid = 0
         self._dir = ""
         self._proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int:
+        """The bus's pid while it runs, else 0."""
+        return self._proc.pid if self._proc else 0
 
     def start(self) -> "PrivateBus":
         self._dir = tempfile.mkdtemp(prefix="resourced-bus-")
@@ -68,7 +72,6 @@ class PrivateBus:
             raise RuntimeError("dbus-daemon is not installed (Debian: apt-get install dbus-daemon)") from exc
         finally:
             log.close()
-        self.pid = self._proc.pid
         with self._proc.stdout as out:
             ready, _, _ = select.select([out], [], [], START_TIMEOUT)
             self.address = out.readline().strip() if ready else ""
@@ -88,7 +91,7 @@ class PrivateBus:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
-            self._proc, self.pid = None, 0
+            self._proc = None
         self._remove_dir()
 
     def _remove_dir(self) -> None:
