@@ -184,12 +184,13 @@ class Server:
                 except ValueError:
                     send(_error(None, PARSE_ERROR, "Parse error"))
                     continue
-                if not (isinstance(message, dict) and isinstance(message.get("method"), str)):
-                    if not (isinstance(message, dict) and "method" not in message
-                            and ("result" in message or "error" in message)):
-                        send(_error(message.get("id") if isinstance(message, dict) else None,
-                                    INVALID_REQUEST, "Invalid Request"))
-                    continue  # (an answer to a request of ours: there are none)
+                if not isinstance(message, dict):
+                    send(_error(None, INVALID_REQUEST, "Invalid Request"))
+                    continue
+                if not isinstance(message.get("method"), str):
+                    if "method" in message or not ("result" in message or "error" in message):
+                        send(_error(message.get("id"), INVALID_REQUEST, "Invalid Request"))
+                    continue  # (else an answer to a request of ours: there are none)
                 if "id" not in message:
                     continue  # a notification: initialized, cancelled, ... need nothing
                 params = message.get("params")
