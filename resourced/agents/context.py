@@ -209,7 +209,8 @@ def usage(c) -> dict:
             pools[name] = pools.get(name, 0) + amount
     ahead = [b for b in mine["bookings"] if b["state"] in ("scheduled", "active")
              and b["end_usec"] > now]
-    gpu_hours = sum(b["gpus_requested"] * (b["end_usec"] - max(b["start_usec"], now)) for b in ahead)
+    gpu_hours = sum(b["gpus_requested"] * (b["end_usec"] - max(b["start_usec"], now))
+                    for b in ahead)
     vram_hours = sum(b["vram_bytes"] * (b["end_usec"] - max(b["start_usec"], now))
                      for b in ahead)
     return {

@@ -87,8 +87,8 @@ def context(bus, as_json):
     free = data["free"]
     click.echo(f"free now: {len(free['gpus'])} GPU(s) {', '.join(free['gpus']) or ''}".rstrip())
     for place in data["next"].values():
-        click.echo(f"next {place['gpu_count']} GPU(s) for {format_span(place['duration_usec'] / 1e6)}: "
-                   f"{place['start'] or 'nowhere'}")
+        span = format_span(place["duration_usec"] / 1e6)
+        click.echo(f"next {place['gpu_count']} GPU(s) for {span}: {place['start'] or 'nowhere'}")
     click.echo(f"queue: {len(data['queue'])} waiting; health: {data['health']['level']}")
     for notice in data["notices"]:
         click.echo(f"NOTICE: {notice['text']}")
