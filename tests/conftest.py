@@ -15,6 +15,19 @@ from resourced.linux.privatebus import PrivateBus
 ROOT = Path(__file__).resolve().parent.parent
 
 
+ROOT_TIERS = ("tests/system/", "tests/systemd/")
+
+
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (``-n``), the tiers that change the machine as root (test users, a
+    system bus, systemd in namespaces) run in one worker, one after the other, as without
+    it; the rest spreads over the workers."""
+    for item in items:
+        where = item.nodeid.replace("\\", "/")
+        if where.startswith(ROOT_TIERS):
+            item.add_marker(pytest.mark.xdist_group("root"))
+
+
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch):
     """No test sees the developer's real buses or resourced settings."""

@@ -4,18 +4,33 @@ import glob
 import os
 import re
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
+import pytest
+
 from resourced.evidence.processes import open_pidfd, parent_and_name
 
 
-def test_the_demo_runs_its_steps_and_leaves_nothing_behind():
-    demos_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "resourced-demo-*")))
+@pytest.fixture
+def demo_tmp():
+    """A temporary folder of the demo's own (TMPDIR), short enough for the bus's socket
+    path, so that what it leaves behind is its own and not a demo's running beside it."""
+    where = tempfile.mkdtemp(prefix="demo-")
+    yield where
+    shutil.rmtree(where, ignore_errors=True)
+
+
+def left_in(where: str) -> list[str]:
+    return glob.glob(os.path.join(where, "resourced-demo-*"))
+
+
+def test_the_demo_runs_its_steps_and_leaves_nothing_behind(demo_tmp):
     r = subprocess.run([sys.executable, "-m", "resourced.cli", "demo"], capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=120, env={**os.environ, "TMPDIR": demo_tmp})
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Traceback" not in r.stdout + r.stderr
     out = r.stdout
@@ -29,10 +44,10 @@ def test_the_demo_runs_its_steps_and_leaves_nothing_behind():
     assert out.rstrip().endswith("the private daemon and bus are stopped")
     assert "Done" in out
     assert "4 of 4 GPU(s) free" in out.split("waiting job")[1]
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "resourced-demo-*"))) <= demos_before
+    assert left_in(demo_tmp) == []
 
 
-def test_a_step_that_fails_unexpectedly_fails_the_demo_and_names_it(tmp_path):
+def test_a_step_that_fails_unexpectedly_fails_the_demo_and_names_it(tmp_path, demo_tmp):
     """A daemon whose methods raise (as every eager method did on Python 3.12.1 and 3.13.0)
     must not give a demo that exits 0: the demo stops at the first such step, names it
     and the command, exits 1, and still cleans up."""
@@ -42,9 +57,8 @@ def test_a_step_that_fails_unexpectedly_fails_the_demo_and_names_it(tmp_path):
         "    coro.close()\n"
         "    raise AttributeError(\"'NoneType' object has no attribute 'is_running'\")\n"
         "connection._start = _start\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    env = {**os.environ, "TMPDIR": demo_tmp, "PYTHONPATH": os.pathsep.join(
         [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    demos_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "resourced-demo-*")))
     r = subprocess.run([sys.executable, "-m", "resourced.cli", "demo"], capture_output=True,
                        text=True, timeout=120, env=env)
     assert r.returncode == 1, r.stdout + r.stderr
@@ -53,7 +67,7 @@ def test_a_step_that_fails_unexpectedly_fails_the_demo_and_names_it(tmp_path):
     assert "AttributeError" in r.stderr           # what the daemon said is shown
     assert "Traceback" not in r.stdout + r.stderr
     assert "Done" not in r.stdout
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "resourced-demo-*"))) <= demos_before
+    assert left_in(demo_tmp) == []
 
 
 def _commands() -> dict[int, str]:

@@ -60,9 +60,9 @@ def test_a_later_process_started_no_earlier(child):
     assert theirs.start_time >= mine.start_time
 
 
-@pytest.mark.parametrize("pid", [0, -1, -os.getpid()])
+@pytest.mark.parametrize("pid", [0, -1, "-own"])
 def test_process_ref_of_no_pid_is_none(pid):
-    assert process_ref(pid) is None
+    assert process_ref(-os.getpid() if pid == "-own" else pid) is None
 
 
 def test_process_ref_of_a_nonexistent_pid_is_none():
