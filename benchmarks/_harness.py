@@ -18,6 +18,7 @@ from pathlib import Path
 from resourced.linux.privatebus import PrivateBus
 
 READY_TIMEOUT = 15.0
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,28 @@ def daemon_on_private_bus(gpus: int | str = 8, args: tuple[str, ...] = (),
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def install_wheel(where: Path) -> Path:
+    """A virtual environment in ``where`` with a wheel of this tree installed (no
+    dependencies: a ``.pth`` points at this interpreter's site-packages for them); its
+    bin folder."""
+    import sysconfig
+
+    venv = where / "venv"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
+                    str(where), str(ROOT)], check=True, timeout=300)
+    [wheel] = where.glob("resourced-*.whl")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    python = venv / "bin" / "python"
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
+                           "['purelib'])"], check=True, capture_output=True, text=True,
+                          timeout=30).stdout.strip()
+    Path(site, "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                    "--no-deps", "--no-index", str(wheel)], check=True, timeout=300)
+    return venv / "bin"
 
 
 def stop_process(proc: subprocess.Popen, grace: float = 10) -> None:

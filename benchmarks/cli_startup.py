@@ -45,12 +45,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from _harness import clean_env, daemon_on_private_bus, machine_line, summary
+from _harness import clean_env, daemon_on_private_bus, install_wheel, machine_line, summary
 
 TARGET_RATIO = 1.5
 INSTALLED_TARGET_RATIO = 1.1
 BUS_LIBRARIES = ("dbus_fast", "jeepney", "asyncio")
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def gpuctl_command() -> list[str] | None:
@@ -78,28 +77,6 @@ def commands() -> dict[str, list[str]]:
 
 BASELINE = 'python -c "import click"'
 INSTALLED_BASELINE = 'python -c "import click, jeepney"'
-
-
-def install_wheel(where: Path) -> Path:
-    """A virtual environment in ``where`` with a wheel of this tree installed (no
-    dependencies: a ``.pth`` points at this interpreter's site-packages for them); its
-    bin folder."""
-    import sysconfig
-
-    venv = where / "venv"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
-                    str(where), str(ROOT)], check=True, timeout=300)
-    [wheel] = where.glob("resourced-*.whl")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
-                   timeout=120)
-    python = venv / "bin" / "python"
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
-                           "['purelib'])"], check=True, capture_output=True, text=True,
-                          timeout=30).stdout.strip()
-    Path(site, "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
-                    "--no-deps", "--no-index", str(wheel)], check=True, timeout=300)
-    return venv / "bin"
 
 
 def installed_commands(bin_dir: Path) -> dict[str, list[str]]:

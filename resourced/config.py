@@ -27,7 +27,6 @@ mean (``runtime_dir = ""`` is "the mode's default", for instance).
 """
 
 import dataclasses
-import difflib
 import errno
 import math
 import os
@@ -590,6 +589,8 @@ class _Checker:
 
     def unknown(self, key: str, value, known: list[str]):
         name = key.rsplit(".", 1)[-1]
+        import difflib  # (here: only a mistyped key pays for it)
+
         guess = difflib.get_close_matches(name, [k.rsplit(".", 1)[-1] for k in known], n=1)
         if guess and "." not in key:  # a section: spell it as it is written
             guess = [f"[{guess[0]}]" if guess[0] in _TABLES else f"[[{guess[0]}]]"]

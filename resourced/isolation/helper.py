@@ -25,8 +25,7 @@ import sys
 from dbus_fast import BusType, DBusError, Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
 
-from resourced.linux.install import ACCOUNT
-from resourced.protocol.names import BUS_DRIVER
+from resourced.protocol.names import ACCOUNT, BUS_DRIVER
 
 log = logging.getLogger("resourced-isolation")
 

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from resourced.protocol.names import ACCOUNT
+
 from .xdg import base_dir
 
 USER = "user"
@@ -34,7 +36,6 @@ RUNNER_UNIT = "resourced-runner.service"  # started with the user service (syste
 SHARED_UNIT = "resourced-shared.service"
 ISOLATION_UNIT = "resourced-isolation.service"  # root, bus-activated: never enabled
 DEFAULT_SYSTEM_CONFIG = "/etc/resourced/config.toml"
-ACCOUNT = "resourced"
 SYSUSERS_CONF = "/etc/sysusers.d/resourced.conf"
 README = "README.md"  # beside the templates: the units' Documentation=
 

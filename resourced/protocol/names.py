@@ -7,6 +7,8 @@ MANAGER_PATH = "/org/resourced"
 MANAGER_IFACE = "org.resourced.Manager"
 GPU_IFACE = "org.resourced.GPU"
 CLAIM_IFACE = "org.resourced.Claim"
+ACCOUNT = "resourced"
+"""The system service's account (made by ``gpuctl service enable --system``)."""
 BUS_DRIVER = {"destination": "org.freedesktop.DBus", "path": "/org/freedesktop/DBus",
               "interface": "org.freedesktop.DBus"}
 """The bus itself, as the daemon calls it: ``Message(**BUS_DRIVER, member=...)``."""
