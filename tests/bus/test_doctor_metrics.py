@@ -122,7 +122,7 @@ def test_metrics_agree_with_status(daemon, owner):
     assert found[("resourced_health", (("level", status["health"]["level"]),))] == 1
 
 
-def test_the_textfile_follows_a_claim_within_a_second(start_daemon, tmp_path, owner):
+def test_the_textfile_follows_a_claim_at_once(start_daemon, tmp_path, owner):
     prom = tmp_path / "textfile" / "resourced.prom"
     prom.parent.mkdir()
     config = tmp_path / "config.toml"
@@ -136,10 +136,10 @@ def test_the_textfile_follows_a_claim_within_a_second(start_daemon, tmp_path, ow
     assert samples(prom.read_text())[("resourced_gpus_free", ())] == 4
     claim = gpuctl("claim", "--gpus", "3", "--owner-pid", str(owner.pid))
     assert claim.returncode == 0, claim.stderr
-    claimed = time.monotonic()
-    eventually(lambda: samples(prom.read_text())[("resourced_gpus_free", ())] == 1, 1.0,
+    # at the change, not at the next sample (every 30 s by default): within 10 s is far
+    # from either on a loaded machine
+    eventually(lambda: samples(prom.read_text())[("resourced_gpus_free", ())] == 1, 10.0,
                what="the textfile to show the claim")
-    assert time.monotonic() - claimed < 1.0
     assert gpuctl("release", "--allocation", claim.stdout.strip()).returncode == 0
     eventually(lambda: samples(prom.read_text())[("resourced_gpus_free", ())] == 4, 5,
                what="the textfile to show the release")

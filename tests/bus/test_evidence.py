@@ -347,7 +347,7 @@ def test_a_gpu_dropped_by_the_driver_after_start_is_missing(start_daemon, sim, p
 
 def test_a_driver_that_does_not_answer_makes_every_gpu_unknown(start_daemon, sim, tmp_path):
     d = start_daemon(gpus=sim.path, args=settings(tmp_path, probe_timeout=1))
-    sim.hang_for(3)
+    sim.hang_for(30)
 
     t0 = time.monotonic()
     code, data = verify()
@@ -356,7 +356,7 @@ def test_a_driver_that_does_not_answer_makes_every_gpu_unknown(start_daemon, sim
     assert code == 1 and data["problems"] is True
     assert [g["status"] for g in data["gpus"]] == ["UNKNOWN"] * 4
     assert all("did not answer within 1 s" in g["detail"] for g in data["gpus"])
-    assert elapsed < 2.5
+    assert elapsed < 15  # after the 1 s deadline, not the 30 s hang
     kill_now(d)
 
 
@@ -595,20 +595,20 @@ def test_a_driver_that_hangs_at_start_up_is_reported_with_the_reason(start_daemo
 
 def test_a_daemon_stops_promptly_while_a_driver_call_hangs(start_daemon, sim, tmp_path):
     d = start_daemon(gpus=sim.path, args=settings(tmp_path, probe_timeout=1))
-    sim.hang_for(6)
+    sim.hang_for(60)
     assert verify()[0] == 1  # a probe thread is now stuck in the driver
 
     t0 = time.monotonic()
     d.proc.terminate()
     try:
-        d.proc.wait(3)
+        d.proc.wait(20)
     except subprocess.TimeoutExpired:
         pass
     elapsed = time.monotonic() - t0
     code = d.proc.poll()
     if code is None:
         kill_now(d)
-    assert code == 0 and elapsed < 2, f"SIGTERM took {elapsed:.1f} s (exit {code})"
+    assert code == 0 and elapsed < 20, f"SIGTERM took {elapsed:.1f} s (exit {code})"
 
 
 # == the check at release ===============================================================
@@ -677,7 +677,7 @@ def test_run_waits_for_a_background_child_then_releases_with_a_warning(start_dae
     assert err.startswith("gpuctl: warning: ") and f"pid {child}" in err
     assert "after 1 s; released anyway" in err
     assert claims() == {} and status()["free"] == 4
-    assert time.monotonic() - t0 < 8
+    assert time.monotonic() - t0 < 20  # the orphan's 30 s were not waited for
 
 
 def test_run_warns_about_a_background_child_of_a_command_that_exits_at_once(start_daemon, sim,
@@ -747,9 +747,9 @@ def test_a_dead_owners_claim_is_released_after_the_grace(start_daemon, sim, proc
 
     owner.kill()
     t0 = time.monotonic()
-    assert removed.reason(ref, timeout=5) == "dead-owner"
+    assert removed.reason(ref, timeout=30) == "dead-owner"
 
-    assert time.monotonic() - t0 < 4
+    assert time.monotonic() - t0 < 30  # after the 1 s grace, not the default 10 minutes
     assert claims() == {} and status()["free"] == 4
 
 

@@ -5,8 +5,9 @@ objects that implement it and on bogus or stale ones, with hostile values (the e
 each integer type, 1 MB strings, huge arrays, unknown and ill-typed a{sv} options, stale
 and bogus references), wrong signatures, missing arguments, Properties Get/GetAll/Set on
 unknown names and Set on read-only properties, and strings of invalid UTF-8 (the bus
-itself drops a sender of those). The daemon must stay up, answer Ping within 100 ms
-throughout, reply to every call with a return or a named error, and log no traceback.
+itself drops a sender of those). The daemon must stay up, answer Ping within 2 s
+throughout (a bound against a call that holds its loop, with margin for a loaded machine:
+the slowest ping is in the report; latency figures belong to benchmarks/), reply to every call with a return or a named error, and log no traceback.
 
 The seed fixes every choice; what the calls name that came from the daemon's replies
 (claim ids, pids, UUIDs) differs from run to run, so a failure lists its calls in full.
@@ -41,7 +42,7 @@ CLAIM = "org.resourced.Claim"
 STANDARD = (PROPERTIES, "org.freedesktop.DBus.Introspectable", "org.freedesktop.DBus.Peer",
             "org.freedesktop.DBus.ObjectManager")
 PING_INTERVAL = 0.02
-PING_LIMIT = 0.1
+PING_LIMIT = 2.0
 REFRESH_EVERY = 100
 """Calls between two looks at the daemon's objects (and whether it still runs)."""
 REPLY_TIMEOUT = 5.0

@@ -166,7 +166,8 @@ def test_prolog_without_a_daemon_exits_0_quickly(tmp_path):
     r = gpuctl("slurm", "prolog", env={"SLURM_JOB_ID": "45", "SLURM_JOB_GPUS": "0",
                                        "RESOURCED_BUS": "system",
                                        "DBUS_SYSTEM_BUS_ADDRESS": f"unix:path={tmp_path}/none"})
-    assert r.returncode == 0 and time.monotonic() - start < 2
+    # sooner than the 5 s a call may wait for an answer: there was no call to wait for
+    assert r.returncode == 0 and time.monotonic() - start < 5
     assert "prolog of Slurm job 45" in r.stderr
 
 

