@@ -3,9 +3,10 @@
 With the simulated backend (only there: ``RESOURCED_SIMULATED_GPUS`` set),
 ``RESOURCED_SIMULATED_CLOCK`` names a file holding one ISO-8601 instant in UTC, such as
 ``2026-12-01T09:00:00Z``.  That instant is *now* for the daemon and for gpuctl: bookings
-start and end on it.  The file is read again on each use (cheaply: only when it changed),
-and the daemon looks at least once a second, so writing a new instant moves time for
-everyone within a second; each new instant the daemon sees starts a tracking sweep too.
+start and end on it.  The file is read again on each use (cheaply: only when it changed);
+the daemon is told of each new instant at once (inotify on the file's folder) and looks at
+least once a second besides, so writing a new instant moves time for everyone at once;
+each new instant the daemon sees starts a tracking sweep too.
 """
 
 import os

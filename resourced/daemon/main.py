@@ -27,6 +27,7 @@ from resourced.config import Config, ConfigError, find_config, load_config, relo
 from resourced.evidence.host import host_pools
 from resourced.evidence.processes import boot_id
 from resourced.isolation.scopes import Scopes
+from resourced.linux.inotify import FileWatch
 from resourced.linux.sd import notify, reloading, run_watchdog, setup_logging, watchdog_interval
 from resourced.linux.users import user_name
 from resourced.protocol.names import BUS_DRIVER, BUS_NAME, NO_SESSION_BUS, session_bus_missing
@@ -357,6 +358,7 @@ async def serve(args: argparse.Namespace) -> int:
         bus.disconnect()
         await _close_shared(shared)
         raise StartupError(f"cannot read the calendar: {exc}", EXIT_FAILURE) from exc
+    clock_watch = _watch_clock(clock, engine) if simulated else None
     health = HealthMonitor(config.checks, config.daemon.sample_interval,
                            config.daemon.probe_timeout)
     await health.sample_now()  # so the first answer never shows "not measured yet"
@@ -425,6 +427,8 @@ async def serve(args: argparse.Namespace) -> int:
     health.close()
     if watchdog:
         watchdog.cancel()
+    if clock_watch:
+        clock_watch.close()
     engine.close()
     store.close()
     calendar.close()
@@ -441,6 +445,16 @@ async def serve(args: argparse.Namespace) -> int:
         await disconnected
     await _close_shared(shared)
     return EXIT_OK
+
+
+def _watch_clock(clock, engine: Engine) -> FileWatch | None:
+    """A new instant in the simulated clock's file acts at once (deadlines, the calendar),
+    not at the daemon's next look, at most a second later; without inotify, the looks."""
+    try:
+        return FileWatch(clock.path, engine.alarms.run_due)
+    except OSError as exc:
+        log.warning("the simulated clock is looked at each second only: %s", exc)
+        return None
 
 
 def _count_start(usage: UsageStore, engine: Engine) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 NOW = "2026-12-01T09:00:00Z"
-CLOCK_TIMEOUT = 5.0  # the daemon looks at the clock at least once a second
+CLOCK_TIMEOUT = 5.0  # the daemon acts on a new instant at once (and looks each second)
 
 
 def at(text: str) -> int:
