@@ -18,14 +18,22 @@ ROOT = Path(__file__).resolve().parent.parent
 ROOT_TIERS = ("tests/system/", "tests/systemd/")
 
 
-def pytest_collection_modifyitems(items):
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
     """Under pytest-xdist (``-n``), the tiers that change the machine as root (test users, a
-    system bus, systemd in namespaces) run in one worker, one after the other, as without
-    it; the rest spreads over the workers."""
-    for item in items:
-        where = item.nodeid.replace("\\", "/")
-        if where.startswith(ROOT_TIERS):
-            item.add_marker(pytest.mark.xdist_group("root"))
+    system bus, systemd in namespaces) are one unit of work, run by one worker in their
+    order, as without it; every other test is a unit of its own, spread over the workers.
+
+    (xdist's ``--dist loadgroup`` would do this from a mark, but it writes the group into
+    a node's id in a way pytest 9 no longer reads: the root tiers were spread over both
+    workers, their set-ups racing.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RootTiersTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "root tiers" if nodeid.replace("\\", "/").startswith(ROOT_TIERS) else nodeid
+
+    return RootTiersTogether(config, log)
 
 
 @pytest.fixture(autouse=True)
