@@ -25,7 +25,6 @@ Target: the median cold and warm start within 0.3 s on an idle machine.
 """
 
 import argparse
-import os
 import shutil
 import statistics
 import subprocess
@@ -34,10 +33,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from _harness import clean_env, install_wheel, machine_line, stop_process, summary
 from jeepney import DBusAddress, MatchRule, message_bus, new_method_call
 from jeepney.io.blocking import open_dbus_connection
 
-from _harness import clean_env, install_wheel, machine_line, stop_process, summary
 from resourced.linux.privatebus import PrivateBus
 from resourced.protocol.names import BUS_NAME, MANAGER_PATH
 
@@ -143,8 +142,9 @@ def main() -> None:
         report("uncompiled (cold, compiling)", samples["uncompiled"], None)
         report("python -c pass", samples["python -c pass"], None)
         report('python -c "import dbus_fast"', samples["import dbus_fast"], None)
-        print(f"  cold over the dbus_fast floor: "
-              f"{(statistics.median(samples['cold']) - statistics.median(samples['import dbus_fast'])) * 1000:.0f} ms")
+        over = (statistics.median(samples["cold"])
+                - statistics.median(samples["import dbus_fast"]))
+        print(f"  cold over the dbus_fast floor: {over * 1000:.0f} ms")
         top_imports(python, base)
     finally:
         bus.stop()
