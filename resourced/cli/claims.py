@@ -234,25 +234,26 @@ def _forward_reclaim_requests(bus: str, ref: str, pid: int, signum: int) -> None
     """Send ``signum`` to the command whenever the daemon asks the claim back; when its
     session is stopped (``StopRequested``), send it, then SIGTERM and SIGKILL STOP_GRACE
     seconds later (a thread with its own connection: the main thread waits for the
-    command meanwhile)."""
+    command meanwhile).  Only the daemon's own signals count (``client.signals``)."""
     import signal
     import threading
 
-    from jeepney import MatchRule
     from jeepney.low_level import HeaderFields
 
     from resourced.client import signals
     from resourced.protocol.names import CLAIM_IFACE, claim_path
 
-    conn = signals.listen(bus, [signals.rule(CLAIM_IFACE, member, claim_path(ref))
-                                for member in ("ReclaimRequested", "StopRequested")], 25.0)
+    conn, heard = signals.listen(bus, [signals.rule(CLAIM_IFACE, member, claim_path(ref))
+                                       for member in ("ReclaimRequested", "StopRequested")],
+                                 25.0)
 
     def forward():
-        mine = MatchRule(type="signal", interface=CLAIM_IFACE, path=claim_path(ref))
-        with conn.filter(mine, bufsize=16) as requests:
+        with conn.filter(heard, bufsize=16) as requests:
             try:
                 while True:
                     msg = conn.recv_until_filtered(requests)
+                    if signals.is_owner_change(msg):
+                        continue
                     os.kill(pid, signum)
                     if msg.header.fields.get(HeaderFields.member) == "StopRequested":
                         break

@@ -317,14 +317,19 @@ class Calls(BookingCalls):
 
     @staticmethod
     def _level_signals():
-        changes = yield Listen(signals.local(LEVEL_CHANGES), bufsize=64)
+        heard = signals.FromDaemon([signals.local(LEVEL_CHANGES)])  # the daemon's alone
+        changes = yield Listen(heard, bufsize=64)
         yield Subscribe(LEVEL_CHANGES)
+        yield from signals.follow(heard)
         return changes
 
     @staticmethod
     def _next_change(changes, check: str | None, deadline):
         while True:
-            name, old, new, reason = (yield Next(changes, deadline and deadline.left())).body
+            msg = yield Next(changes, deadline and deadline.left())
+            if signals.is_owner_change(msg):
+                continue
+            name, old, new, reason = msg.body
             if check is None or name == check:
                 return {"check": name, "old": old, "new": new, "reason": reason}
 

@@ -1,11 +1,14 @@
 """One way to hear the daemon's signals, for gpuctl top, the runner, notify, a command's
-reclaim forwarder and the clients.
+reclaim forwarder and the clients: from the daemon, and from nobody else.
 
-A rule is asked of the bus with the daemon's well-known name as its sender: the bus
-checks it against the name's owner now, so nobody else can send what we hear.  The
-messages then carry the owner's unique name, which jeepney compares literally, so the
-local filter goes without the sender.  ``NameOwnerChanged`` of ``org.resourced`` tells
-when the daemon goes or comes back.
+A match rule only says what the bus should send us; it keeps nothing out.  Any connection
+may send a signal addressed to ours (a unicast signal), and the bus delivers it whatever
+our rules say.  What a connection cannot forge is the sender field: the bus writes it.  So
+a signal is acted on only when its sender is the unique name that owns ``org.resourced``
+now, as the bus driver said (``GetNameOwner``) and keeps saying (``NameOwnerChanged``, sent
+by the driver itself, ``org.freedesktop.DBus``, a name no connection can take).
+``FromDaemon`` holds that rule for every listener; the rules asked of the bus name the
+daemon as their sender too, so the bus sends us nothing else of its own accord.
 """
 
 from resourced.protocol.names import BUS_NAME
@@ -30,7 +33,8 @@ def owner_changed(name: str = BUS_NAME):
 
 
 def local(match):
-    """The rule as the local filter applies it: without the sender."""
+    """The rule as a local filter applies it: without the sender, which on the wire is
+    the owner's unique name, not the well-known one (``FromDaemon`` checks the sender)."""
     from jeepney import MatchRule
 
     fields = {k: v for k, v in match.header_fields.items() if k != "sender"}
@@ -39,9 +43,75 @@ def local(match):
     return copy
 
 
-def listen(bus: str, rules, timeout: float):
+class FromDaemon:
+    """A filter (jeepney asks only ``matches``): the signals that one of ``filters`` matches
+    and that the owner of ``name`` sent, and the bus driver's ``NameOwnerChanged`` of
+    ``name``, which keeps ``owner`` current as the messages arrive, in their order (the
+    driver tells of a new owner before that owner's first signal reaches us).
+
+    ``owner`` is None until known (``follow``, ``listen``): then nothing but the driver's
+    news passes."""
+
+    def __init__(self, filters, name: str = BUS_NAME):
+        self.filters = list(filters)
+        self.name = name
+        self.owner: str | None = None
+
+    def matches(self, msg) -> bool:
+        from jeepney import MessageType
+        from jeepney.low_level import HeaderFields
+
+        if msg.header.message_type is not MessageType.signal:
+            return False
+        fields = msg.header.fields
+        sender = fields.get(HeaderFields.sender)
+        if sender == DBUS:
+            if (fields.get(HeaderFields.member) == "NameOwnerChanged"
+                    and len(msg.body) == 3 and msg.body[0] == self.name):
+                self.owner = msg.body[2] or None
+                return True
+            return False
+        return self.speaks(msg) and any(f.matches(msg) for f in self.filters)
+
+    def speaks(self, msg) -> bool:
+        """Whether ``msg`` was sent by the owner of ``name`` as last known."""
+        from jeepney.low_level import HeaderFields
+
+        sender = msg.header.fields.get(HeaderFields.sender)
+        return self.owner is not None and sender == self.owner
+
+    def learn(self, reply) -> None:
+        """The owner from the bus driver's answer to ``GetNameOwner`` (an error: none)."""
+        from jeepney import MessageType
+
+        self.owner = (reply.body[0] if reply.header.message_type is MessageType.method_return
+                      else None)
+
+
+def is_owner_change(msg) -> bool:
+    """Whether ``msg`` is the bus driver's ``NameOwnerChanged`` (``FromDaemon`` lets only
+    the driver's own through)."""
+    from jeepney.low_level import HeaderFields
+
+    return msg.header.fields.get(HeaderFields.member) == "NameOwnerChanged"
+
+
+def follow(heard: FromDaemon):
+    """Client steps: ask the bus for the driver's news of ``heard.name``, then learn its
+    owner now (after asking: a change in between is heard, in order)."""
+    from jeepney.bus_messages import message_bus
+
+    from .steps import Raw, Subscribe
+
+    yield Subscribe(owner_changed(heard.name))
+    heard.learn((yield Raw(message_bus.GetNameOwner(heard.name))))
+
+
+def listen(bus: str, rules, timeout: float, name: str = BUS_NAME):
     """A blocking connection of its own on ``bus`` (a name, ``discovery.bus_address``),
-    with ``rules`` asked of the bus; what is matched waits on it (``conn.filter``).
+    with ``rules`` and the owner's changes asked of the bus, and the ``FromDaemon`` of
+    ``rules`` that knows the owner now: ``(conn, heard)``; filter with ``heard``
+    (``conn.filter(heard)``, or ``heard.matches`` on what ``conn.receive()`` gives).
     OSError and its kin when the bus cannot be had."""
     from jeepney.bus_messages import message_bus
     from jeepney.io.blocking import open_dbus_connection
@@ -49,23 +119,30 @@ def listen(bus: str, rules, timeout: float):
     from .discovery import bus_address
 
     conn = open_dbus_connection(bus_address(bus))
+    heard = FromDaemon([local(match) for match in rules], name)
     try:
-        for match in rules:
+        for match in (*rules, owner_changed(name)):
             conn.send_and_get_reply(message_bus.AddMatch(match), timeout=timeout)
+        heard.learn(conn.send_and_get_reply(message_bus.GetNameOwner(name), timeout=timeout))
     except BaseException:
         conn.close()
         raise
-    return conn
+    return conn, heard
 
 
-async def listen_async(router, rules, queue, timeout: float) -> list:
-    """On a jeepney asyncio ``router``, put what ``rules`` match into ``queue`` (an
-    ``asyncio.Queue``) and ask the bus for them; the filters, to close when done."""
+async def listen_async(router, rules, queue, timeout: float, name: str = BUS_NAME):
+    """On a jeepney asyncio ``router``, put into ``queue`` (an ``asyncio.Queue``) what
+    ``rules`` match of the owner of ``name``'s signals, and the owner's changes; ask the
+    bus for them. ``(filter, heard)``: the filter to close when done, and the
+    ``FromDaemon`` that knows the owner now."""
     import asyncio
 
     from jeepney.bus_messages import message_bus
 
-    filters = [router.filter(local(match), queue=queue) for match in rules]
-    for match in rules:
+    heard = FromDaemon([local(match) for match in rules], name)
+    handle = router.filter(heard, queue=queue)
+    for match in (*rules, owner_changed(name)):
         await asyncio.wait_for(router.send_and_get_reply(message_bus.AddMatch(match)), timeout)
-    return filters
+    heard.learn(await asyncio.wait_for(
+        router.send_and_get_reply(message_bus.GetNameOwner(name)), timeout))
+    return handle, heard

@@ -46,7 +46,8 @@ class Outcomes:
     """A rule for a waiting claim's ``Granted`` or ``Cancelled`` (which the daemon sends to
     the connection that made the claim alone: the bus delivers it there without a match
     rule), of any claim until its ``path`` is known, and with ``progress`` the Manager's
-    ClaimNew and ClaimRemoved."""
+    ClaimNew and ClaimRemoved.  Whose they are is ``signals.FromDaemon``'s to check: anyone
+    can send a connection a ``Granted``."""
 
     def __init__(self, progress: bool):
         self.path = None
@@ -77,9 +78,11 @@ def wait(client, msg, timeout: float | None, progress, use_index: bool):
     result, or the error of a wait that ended without a grant."""
     deadline = Deadline(None if timeout is None else timeout + client.timeout)
     rule = Outcomes(bool(progress))
+    heard = signals.FromDaemon([rule])  # the daemon's own, and its changes of owner
     # Listened for before asking: the outcome may come right behind the answer (or, from
     # a daemon that did not keep a held call, instead of it).
-    signals_in = yield Listen(rule, bufsize=1024)
+    signals_in = yield Listen(heard, bufsize=1024)
+    yield from signals.follow(heard)
     # (progress needs the claim's reference at once: a call answered at once, not held)
     ref, rule.path, grant = yield from _asked(client, msg, deadline, held=not progress)
     if grant["State"][1] != "queued":
@@ -95,6 +98,8 @@ def wait(client, msg, timeout: float | None, progress, use_index: bool):
                 raise QueueTimeout(f"claim {ref} was not granted in time") from None
             except OSError as exc:
                 raise client._unreachable(client.bus, exc) from exc
+            if signals.is_owner_change(signal):
+                continue
             if rule.outcome(signal):
                 return client._outcome(signal, use_index)
             if progress and _queue_moved(signal):

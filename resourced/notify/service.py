@@ -458,29 +458,34 @@ class Agent:
         from resourced.client import signals
         from resourced.protocol.names import BUS_NAME, MANAGER_IFACE, MANAGER_PATH
 
-        await self._listen(self.daemon, [
-            signals.rule(MANAGER_IFACE, "LevelChanged", MANAGER_PATH), *_calendar_rules(),
-            signals.owner_changed()])
+        daemon = await self._listen(self.daemon, [
+            signals.rule(MANAGER_IFACE, "LevelChanged", MANAGER_PATH), *_calendar_rules()])
         await self._listen(self.notifications, [
-            *(signals.rule(NOTIFICATIONS, member, NOTIFICATIONS_PATH, sender=NOTIFICATIONS)
-              for member in ("NotificationClosed", "ActionInvoked", "ActivationToken")),
-            signals.owner_changed(NOTIFICATIONS)])
-        self.owner = await self._name_owner(self.daemon, BUS_NAME)
+            signals.rule(NOTIFICATIONS, member, NOTIFICATIONS_PATH, sender=NOTIFICATIONS)
+            for member in ("NotificationClosed", "ActionInvoked", "ActivationToken")],
+            NOTIFICATIONS)
+        self.owner = daemon.owner
         if self.owner:
             await self.resync()
         log.info("watching %s on the %s bus (%s)", BUS_NAME, self.bus,
                  "running" if self.owner else "not running yet")
 
-    async def _listen(self, router, rules) -> None:
-        """Queue what ``rules`` match on ``router`` (``client.signals``)."""
+    async def _listen(self, router, rules, name: str = ""):
+        """Queue what ``rules`` match of the signals the owner of ``name`` (org.resourced
+        by default) sends on ``router``, and its changes of owner (``client.signals``: a
+        signal anyone else sends is dropped); the ``FromDaemon`` that knows the owner."""
         from jeepney.io.common import RouterClosed
 
         from resourced.client.signals import listen_async
+        from resourced.protocol.names import BUS_NAME
 
         try:
-            self._filters += await listen_async(router, rules, self.queue, CALL_TIMEOUT)
+            handle, heard = await listen_async(router, rules, self.queue, CALL_TIMEOUT,
+                                               name or BUS_NAME)
         except (RouterClosed, EOFError, ConnectionError) as exc:
             raise BusLost(f"lost the connection to the {self._names[id(router)]} bus") from exc
+        self._filters.append(handle)
+        return heard
 
     # -- the loop ----------------------------------------------------------------------
     async def run(self) -> None:
@@ -827,12 +832,6 @@ class Agent:
             return await asyncio.wait_for(router.send_and_get_reply(msg), CALL_TIMEOUT)
         except (RouterClosed, EOFError, ConnectionError) as exc:
             raise BusLost(f"lost the connection to the {self._names[id(router)]} bus") from exc
-
-    async def _name_owner(self, router, name: str) -> str | None:
-        from jeepney.bus_messages import message_bus
-
-        reply = await self._call(router, message_bus.GetNameOwner(name))
-        return None if _error_name(reply) else reply.body[0]
 
 
 def _calendar_rules():

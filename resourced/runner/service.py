@@ -77,8 +77,6 @@ class Runner:
     def run(self) -> int:
         from collections import deque
 
-        from jeepney import MatchRule, MessageType
-
         from resourced.client.sync import Client
 
         from .jobs import JobError, ensure_dir
@@ -93,13 +91,13 @@ class Runner:
         from resourced.client.discovery import choose_bus
 
         self.bus = choose_bus(self.requested_bus)
-        conn = self._connect()
+        conn, heard = self._connect()
         self.client = Client(bus=self.bus, timeout=CALL_TIMEOUT)
         queue: deque = deque()
         try:
-            with conn.filter(MatchRule(type=MessageType.signal), queue=queue):
+            with conn.filter(heard, queue=queue):  # the daemon's signals alone
                 self.recover()
-                self.daemon_up = self._name_has_owner(conn)
+                self.daemon_up = heard.owner is not None
                 if self.daemon_up:
                     self.scan()
                 log.info("runner for uid %d on the %s bus (%s), jobs in %s, grace %g s",
@@ -480,23 +478,12 @@ class Runner:
         from resourced.client import signals
         from resourced.protocol.names import USER_IFACE, user_path
 
-        rules = [signals.rule(USER_IFACE, "BookingChanged", user_path(os.getuid())),
-                 signals.owner_changed()]
+        rules = [signals.rule(USER_IFACE, "BookingChanged", user_path(os.getuid()))]
         try:
-            conn = signals.listen(self.bus, rules, CALL_TIMEOUT)
+            return signals.listen(self.bus, rules, CALL_TIMEOUT)
         except (OSError, KeyError, ValueError, TimeoutError) as exc:
             raise GpuctlError(f"cannot reach the {self.bus} bus: {exc}", EXIT_UNREACHABLE) \
                 from None
-        return conn
-
-    @staticmethod
-    def _name_has_owner(conn) -> bool:
-        from jeepney.bus_messages import message_bus
-
-        from resourced.protocol.names import BUS_NAME
-
-        reply = conn.send_and_get_reply(message_bus.NameHasOwner(BUS_NAME), timeout=CALL_TIMEOUT)
-        return bool(reply.body and reply.body[0])
 
 
 def _shown(argv: list[str]) -> str:

@@ -9,7 +9,8 @@ One jeepney connection of its own, on the daemon's bus, asks the bus for
 * the claims' own signals (``Granted`` when a waiter is served, ``Cancelled``, ``Ending``);
 * ``NameOwnerChanged`` of ``org.resourced``: the daemon went or came back.
 
-and calls ``on_signal(member)`` for each, from its thread.  It never polls: it blocks on
+and calls ``on_signal(member)`` for each that the daemon sent (``client.signals``: a signal
+anyone else sent to this connection is dropped), from its thread.  It never polls: it blocks on
 the socket until the bus sends something.  ``stop()`` shuts the socket down, which wakes
 the blocked read.  A lost bus connection calls ``on_lost(reason)`` once and ends the
 thread.
@@ -31,8 +32,7 @@ def match_rules():
     from resourced.client import signals
 
     return [signals.rule(MANAGER_IFACE, path=MANAGER_PATH),
-            signals.rule(USER_IFACE, "BookingChanged"), signals.rule(CLAIM_IFACE),
-            signals.owner_changed()]
+            signals.rule(USER_IFACE, "BookingChanged"), signals.rule(CLAIM_IFACE)]
 
 
 def wanted(msg) -> str | None:
@@ -64,13 +64,14 @@ class Feed(threading.Thread):
         self.ready = threading.Event()   # the rules are in place: no change is missed after
         self._stopping = threading.Event()
         self._conn = None
+        self._heard = None  # the daemon's signals alone (client.signals.FromDaemon)
 
     def subscribe(self) -> None:
         """Connect and add the rules; raises when the bus cannot be had (call it before
         ``start`` to fail early, or let ``run`` call it)."""
         from resourced.client.signals import listen
 
-        self._conn = listen(self.bus, match_rules(), self.timeout)
+        self._conn, self._heard = listen(self.bus, match_rules(), self.timeout)
         self.ready.set()
 
     def run(self) -> None:
@@ -78,7 +79,8 @@ class Feed(threading.Thread):
             if self._conn is None:
                 self.subscribe()
             while not self._stopping.is_set():
-                member = wanted(self._conn.receive())
+                msg = self._conn.receive()
+                member = wanted(msg) if self._heard.matches(msg) else None
                 if member is not None and not self._stopping.is_set():
                     self.on_signal(member)
         except Exception as exc:  # noqa: BLE001 - any end of the connection ends the feed

@@ -27,6 +27,7 @@ from resourced.client.sync import Client
 from resourced.errors import NoSuchClaim, QueueTimeout
 
 from ..conftest import eventually, gpuctl
+from .forgery import forge
 
 NAME = "org.resourced"
 SLOTS_PATH = "/org/resourced/pool/slots"
@@ -652,6 +653,46 @@ def test_a_waiters_outcome_is_sent_to_the_connection_that_asked_alone(pools_daem
             assert [m for m, _ in watch.members()] == []
         assert waiter.ref == waiting["id"]
         c.release(waiter.ref)
+
+
+def test_a_waiter_is_granted_and_cancelled_by_the_daemon_alone(daemon, owner):
+    """A Granted or Cancelled that another connection sends the waiter (anyone may) is not
+    its outcome: it goes on waiting, with its place reported, for the daemon's grant."""
+    places, found = [], {}
+    with Client() as holder:
+        held = holder.claim(gpus=4, owner_pid=owner.pid)["allocation"]["ref"]
+
+        def wait():
+            with Client() as c:
+                found["client"] = c
+                try:
+                    found["lease"] = c.claim(gpus=1, owner_pid=owner.pid, wait=True,
+                                             timeout=60, progress=places.append)
+                except Exception as exc:  # noqa: BLE001 - reported below
+                    found["error"] = exc
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        [waiting] = eventually(lambda: places and holder.status()["queue"])
+        path = f"/org/resourced/claim/{waiting}"
+        victim = [found["client"]._conn.unique_name]
+        forged = {"State": ("s", "granted"), "Mode": ("s", "dev"),
+                  "GPUUUIDs": ("as", ["GPU-not-granted"]), "GPUIndices": ("au", [9]),
+                  "PCIIndices": ("au", [9]), "GPUMemoryBytes": ("at", [1]),
+                  "VRAMBytes": ("t", 0), "Pools": ("a{st}", {}), "Warnings": ("as", [])}
+        forge(victim, path, "org.resourced.Claim", "Granted", "a{sv}", (forged,))
+        forge(victim, path, "org.resourced.Claim", "Cancelled", "s", ("forged",))
+        time.sleep(1)  # an obeyed forgery returned from claim() at once
+        assert waiter.is_alive() and not found.get("error"), found
+        assert holder.status()["queue"] == [waiting]
+
+        holder.release(held)
+        waiter.join(10)
+    assert "error" not in found, found["error"]
+    gpu = found["lease"]["env"]["CUDA_VISIBLE_DEVICES"]
+    assert gpu.startswith("GPU-") and gpu != "GPU-not-granted"
+    with Client() as c:
+        c.release(found["lease"]["allocation"]["ref"])
 
 
 def test_a_waiter_hears_of_its_grant_across_a_restart_of_the_daemon(pools_daemon, start_daemon,

@@ -23,6 +23,7 @@ from resourced.client.sync import Client
 from resourced.errors import NoSuchClaim
 
 from ..conftest import eventually, gpuctl
+from .forgery import connections_of, forge
 
 MANAGER_IFACE, CLAIM_IFACE = "org.resourced.Manager", "org.resourced.Claim"
 
@@ -377,6 +378,22 @@ def test_a_run_in_the_stopped_session_gets_the_reclaim_signal_and_ends(daemon, t
         assert run.returncode == 0, err  # the command's own exit status
         assert "Traceback" not in err
         assert status()["claims"] == []
+
+
+def test_a_stop_or_reclaim_forged_by_another_connection_is_ignored(daemon, tmp_path):
+    """Anyone can send a signal to one connection; the run acts on the daemon's alone."""
+    with trapping_run(tmp_path, "--session", "A") as run:
+        [record] = status()["claims"]
+        path = f"/org/resourced/claim/{record['id']}"
+        victims = eventually(lambda: connections_of(run.pid))
+        forge(victims, path, CLAIM_IFACE, "ReclaimRequested", "si", ("c0000000", 5))
+        forge(victims, path, CLAIM_IFACE, "StopRequested", "us", (0, "forged"))
+        time.sleep(1)  # the forged stop ended the run within 0.25 s when it was obeyed
+        assert not (tmp_path / "got").exists() and run.poll() is None
+
+        assert ok_json("stop", "--session", "A")["claims"] == [record["id"]]  # the real one
+        run.communicate(timeout=8)
+        assert (tmp_path / "got").read_text() == "got\n" and run.returncode == 0
 
 
 def test_a_run_in_another_session_is_left_alone(daemon, tmp_path, signals):

@@ -28,12 +28,26 @@ def claim_path(ref: str) -> str:
     return f"{MANAGER_PATH}/claim/{ref}"
 
 
-def signal(ref: str, member: str = "Granted", body=None):
+DAEMON = ":1.7"  # the unique name owning org.resourced on the scripted bus
+DRIVER = "org.freedesktop.DBus"
+
+
+def signal(ref: str, member: str = "Granted", body=None, sender: str = DAEMON):
     if member in ("Granted", "Cancelled"):
-        return new_signal(DBusAddress(claim_path(ref), interface=CLAIM_IFACE), member,
-                          "a{sv}" if member == "Granted" else "s",
-                          (grant() if body is None else body,))
-    return new_signal(DBusAddress(MANAGER_PATH, interface=MANAGER_IFACE), member, "s", (ref,))
+        msg = new_signal(DBusAddress(claim_path(ref), interface=CLAIM_IFACE), member,
+                         "a{sv}" if member == "Granted" else "s",
+                         (grant() if body is None else body,))
+    else:
+        msg = new_signal(DBusAddress(MANAGER_PATH, interface=MANAGER_IFACE), member, "s", (ref,))
+    msg.header.fields[HeaderFields.sender] = sender  # (the bus writes it; nobody forges it)
+    return msg
+
+
+def owner_changed(old: str, new: str, sender: str = DRIVER):
+    msg = new_signal(DBusAddress("/org/freedesktop/DBus", interface=DRIVER),
+                     "NameOwnerChanged", "sss", ("org.resourced", old, new))
+    msg.header.fields[HeaderFields.sender] = sender
+    return msg
 
 
 def reply_to(serial: int, body=(), error: str | None = None):
@@ -54,11 +68,13 @@ class Bus:
     """A scripted bus: ``answers`` by member (a body, an exception, or a list of them in
     turn), ``signals`` delivered one at a time as a call waits for the next message."""
 
-    def __init__(self, answers=None, signals=()):
+    def __init__(self, answers=None, signals=(), owner: str | None = DAEMON):
         self.answers = dict(answers or {})
         self.signals = list(signals)
         self.handles = []
-        self.sent = []  # (what, member, body)
+        self.sent = []  # (what, member, body) to the daemon, and the signals asked for
+        self.owner = owner  # org.resourced's owner, as the bus driver answers it
+        self.driver = []  # what was asked of the bus driver to follow the owner
 
     def answer(self, member):
         found = self.answers[member]
@@ -97,8 +113,17 @@ class Bus:
                 self.deliver(found)
             return step.handle.queue.popleft()
         if isinstance(step, steps.Subscribe):
-            self.sent.append(("Subscribe", None, step.rule))
+            if step.rule.header_fields.get("sender") == DRIVER:
+                self.driver.append(("Subscribe", step.rule.header_fields.get("member")))
+            else:
+                self.sent.append(("Subscribe", None, step.rule))
             return None
+        if isinstance(step, steps.Raw):
+            member = step.message.header.fields[HeaderFields.member]
+            assert member == "GetNameOwner", member
+            self.driver.append(("call", member))
+            return (reply_to(0, (self.owner,)) if self.owner else
+                    reply_to(0, ("no owner",), "org.freedesktop.DBus.Error.NameHasNoOwner"))
         if isinstance(step, steps.Sleep):
             self.sent.append(("Sleep", None, step.seconds))
             return None
@@ -225,11 +250,14 @@ def test_a_cancelled_await_takes_the_claim_out_of_the_queue(client):
     assert bus.members() == ["Claim", "Release"]
 
 
-def test_a_stream_hands_out_what_it_emits_and_stops_when_closed(client):
-    def level(check, new):
-        return new_signal(DBusAddress(MANAGER_PATH, interface=MANAGER_IFACE), "LevelChanged",
-                          "ssss", (check, "OK", new, "why"))
+def level(check, new, sender=DAEMON):
+    msg = new_signal(DBusAddress(MANAGER_PATH, interface=MANAGER_IFACE), "LevelChanged",
+                     "ssss", (check, "OK", new, "why"))
+    msg.header.fields[HeaderFields.sender] = sender
+    return msg
 
+
+def test_a_stream_hands_out_what_it_emits_and_stops_when_closed(client):
     bus = Bus(signals=[level("ram", "WARN"), level("disk", "STOP"),
                                          level("disk", "OK")])
     changes = steps.iterate(Calls.level_changes.steps(client, "disk"), bus.perform)
@@ -344,3 +372,46 @@ def test_a_call_sends_the_message_the_bus_api_documents(name, kwargs, method, si
         steps.run(getattr(Calls, name).steps(Calls(bus="session"), **kwargs), perform)
     expected = new_method_call(MANAGER, method, signature, body)
     assert sent[0].serialise(serial=3) == expected.serialise(serial=3)
+
+
+# -- signals from anyone but the daemon (anyone may send a connection a signal) ----------
+STRANGER = ":1.66"
+
+
+def test_a_forged_grant_or_cancel_is_ignored_and_the_daemons_own_is_taken(client):
+    bus = Bus({"Claim": ("c1", claim_path("c1"), grant("queued"))},
+              signals=[signal("c1", "Cancelled", "forged", sender=STRANGER),
+                       signal("c1", body={**grant(), "GPUUUIDs": ("as", ["GPU-theirs"])},
+                              sender=STRANGER),
+                       signal("c1")])
+    got = steps.run(Calls.claim.steps(client, gpus=1, wait=True, timeout=9), bus.perform)
+    assert got["env"]["CUDA_VISIBLE_DEVICES"] == "GPU-a"
+    assert bus.members() == ["Claim"]
+    assert bus.driver == [("Subscribe", "NameOwnerChanged"), ("call", "GetNameOwner")]
+
+
+def test_only_forged_outcomes_leave_the_claim_waiting_until_its_time(client):
+    bus = Bus({"Claim": ("c1", claim_path("c1"), grant("queued")), "Release": ([],)},
+              signals=[signal("c1", sender=STRANGER), signal("c1", "Cancelled", "x",
+                                                             sender=STRANGER)])
+    with pytest.raises(QueueTimeout, match="not granted in time"):
+        steps.run(Calls.claim.steps(client, gpus=1, wait=True, timeout=9), bus.perform)
+
+
+def test_a_restarted_daemons_grant_counts_once_the_bus_driver_says_it_owns_the_name(client):
+    bus = Bus({"Claim": ("c1", claim_path("c1"), grant("queued"))},
+              signals=[owner_changed(DAEMON, ":1.9", sender=STRANGER),  # forged: ignored
+                       signal("c1", sender=":1.9"),                     # so is this
+                       owner_changed(DAEMON, ""), owner_changed("", ":1.9"),
+                       signal("c1", sender=":1.9",
+                              body={**grant(), "GPUUUIDs": ("as", ["GPU-b"])})])
+    got = steps.run(Calls.claim.steps(client, gpus=1, wait=True, timeout=9), bus.perform)
+    assert got["env"]["CUDA_VISIBLE_DEVICES"] == "GPU-b"
+
+
+def test_level_changes_are_the_daemons_alone(client):
+    bus = Bus(signals=[level("disk", "STOP", sender=STRANGER), level("disk", "WARN")])
+    assert steps.run(Calls.wait_level_change.steps(client), bus.perform)["new"] == "WARN"
+    with pytest.raises(TimeoutError):  # no daemon: nothing is anybody's to say
+        steps.run(Calls.wait_level_change.steps(client, timeout=0),
+                  Bus(signals=[level("disk", "STOP", sender=STRANGER)], owner=None).perform)
