@@ -100,7 +100,9 @@ def _name_later(job: str, lookup: tuple[int, int], environ) -> None:
 
 
 def _call(environ, timeout: float, method: str, *args: str) -> None:
-    """One call to the daemon's Manager with busctl; RuntimeError says why it failed."""
+    """One call to the daemon's Manager with busctl; RuntimeError says why it failed.
+    ``--`` ends busctl's options before the call: the arguments come from the job (its
+    name is the user's to choose), and busctl reads options anywhere else on its line."""
     bus = environ.get("RESOURCED_BUS", "")
     if bus == "shared":
         from resourced.client.discovery import target
@@ -108,7 +110,7 @@ def _call(environ, timeout: float, method: str, *args: str) -> None:
         where = [f"--address={target(environ).address}"]
     else:
         where = ["--user"] if bus == "session" else ["--system"]
-    pid, out = _spawn(["busctl", *where, f"--timeout={timeout:.3f}", "call", *_MANAGER,
+    pid, out = _spawn(["busctl", *where, f"--timeout={timeout:.3f}", "--", "call", *_MANAGER,
                        method, *args], environ)
     text, ended = _read_all(out, time.monotonic() + timeout + 0.1)
     if not ended:  # busctl outlived its own timeout

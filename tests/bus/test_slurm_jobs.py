@@ -61,6 +61,18 @@ def hook(which: str, job: str, **env) -> subprocess.CompletedProcess:
                                         "SLURM_JOB_NAME": "train.sh", **env})
 
 
+@pytest.mark.parametrize("name", ["--version", "--address=unix:path=/tmp/x", "-H x", "-M x"])
+def test_a_job_named_like_an_option_is_claimed_as_any_other(slurm_daemon, name):
+    """The job's name is the user's to choose, and root's busctl must not read it as an
+    option (--version made the prolog call nothing: the GPUs went unclaimed)."""
+    r = hook("prolog", "47", SLURM_JOB_GPUS="0", SLURM_JOB_NAME=name)
+    assert (r.returncode, r.stderr) == (0, "")
+    [claim] = claims()
+    assert claim["label"].startswith("slurm 47 ") and claim["label"].endswith(" " + name)
+    assert hook("epilog", "47", SLURM_JOB_GPUS="0").returncode == 0
+    assert claims() == []
+
+
 def test_prolog_makes_the_claim_and_epilog_ends_it(slurm_daemon):
     r = hook("prolog", "41", SLURM_JOB_GPUS="0,1")  # Slurm's first two: gpu2, gpu3
     assert (r.returncode, r.stderr) == (0, "")
