@@ -22,7 +22,13 @@ REVISIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 """The protocol revisions this server speaks, oldest first."""
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = (
     -32700, -32600, -32601, -32602, -32603)
+BUSY = -32000  # (JSON-RPC leaves -32000 to -32099 to the server)
 WORKERS = 8
+MAX_LINE = 1 << 20
+"""Bytes of one message at most: a tool's arguments are a few hundred; a longer line is
+refused, read past and forgotten, and the server goes on."""
+MAX_PENDING = 64
+"""Calls queued or running at once at most; one more is refused at once, saying so."""
 
 
 class RequestError(Exception):
@@ -157,9 +163,12 @@ class Server:
         raise RequestError(METHOD_NOT_FOUND, "Method not found")
 
     def serve(self, reader, writer) -> None:
-        """Answer each line of ``reader`` (bytes) on ``writer`` until the end of input,
-        then wait for the requests still running."""
+        """Answer each line of ``reader`` (a binary stream) on ``writer`` until the end of
+        input, then wait for the requests still running.  Bounded: a line of more than
+        MAX_LINE bytes, JSON nested too deeply and a call beyond MAX_PENDING are each
+        answered with an error, and the server goes on."""
         lock = threading.Lock()
+        pending = threading.BoundedSemaphore(MAX_PENDING)
 
         def send(message: dict) -> None:
             line = json.dumps(message, separators=(",", ":")).encode() + b"\n"
@@ -175,12 +184,27 @@ class Server:
             except Exception as exc:  # noqa: BLE001 - a bug answers, and the server goes on
                 send(_error(request_id, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"))
 
+        def respond_later(request_id, method: str, params: dict) -> None:
+            try:
+                respond(request_id, method, params)
+            finally:
+                pending.release()
+
         with ThreadPoolExecutor(WORKERS, thread_name_prefix="mcp") as pool:
-            for line in reader:
+            while line := reader.readline(MAX_LINE + 1):
+                if len(line) > MAX_LINE and not line.endswith(b"\n"):
+                    while (rest := reader.readline(MAX_LINE)) and not rest.endswith(b"\n"):
+                        pass  # the rest of the line, read past
+                    send(_error(None, PARSE_ERROR, f"Parse error: a message of more than "
+                                                   f"{MAX_LINE} bytes"))
+                    continue
                 if not line.strip():
                     continue
                 try:
                     message = json.loads(line)
+                except RecursionError:
+                    send(_error(None, PARSE_ERROR, "Parse error: nested too deeply"))
+                    continue
                 except ValueError:
                     send(_error(None, PARSE_ERROR, "Parse error"))
                     continue
@@ -197,7 +221,11 @@ class Server:
                 if not isinstance(params, dict):
                     params = {}
                 if message["method"] in ("tools/call", "resources/read", "prompts/get"):
-                    pool.submit(respond, message["id"], message["method"], params)
+                    if not pending.acquire(blocking=False):
+                        send(_error(message["id"], BUSY, f"Server busy: {MAX_PENDING} calls "
+                                                         "are in progress; try again later"))
+                        continue
+                    pool.submit(respond_later, message["id"], message["method"], params)
                 else:
                     respond(message["id"], message["method"], params)
 

@@ -330,3 +330,22 @@ def test_it_needs_no_mcp_sdk(tmp_path):
     assert {t["name"] for t in answers[2]["tools"]} == READS | WRITES
     assert answers[3] == {"content": [{"type": "text", "text": "InvalidArgs: operation_id is "
                                                                "required"}], "isError": True}
+
+
+def test_hostile_input_gets_errors_and_the_server_goes_on(daemon):
+    """Deep nesting, a line of 2 MB and a flood of 300 calls: each an error or an answer,
+    and the server answers the ping after them and exits 0 at the end of its input."""
+    flood = [{"jsonrpc": "2.0", "id": 100 + n, "method": "tools/call",
+              "params": {"name": "list", "arguments": {}}} for n in range(300)]
+    lines = [b"[" * 100_000, b'"' + b"x" * (2 << 20) + b'"',
+             *(json.dumps(m).encode() for m in flood),
+             json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"}).encode()]
+    done = subprocess.run([str(SERVER)], input=b"".join(line + b"\n" for line in lines),
+                          capture_output=True, timeout=TIMEOUT, check=False)
+    assert (done.returncode, done.stderr) == (0, b"")
+    replies = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["error"]["code"] for r in replies[:2]] == [-32700, -32700]
+    by_id = {r["id"]: r for r in replies[2:]}
+    assert by_id[1]["result"] == {}
+    assert set(by_id) == {1, *(m["id"] for m in flood)}  # every call answered, one way
+    assert all("result" in r or r["error"]["code"] == -32000 for r in by_id.values())

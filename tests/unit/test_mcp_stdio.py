@@ -37,8 +37,8 @@ def server() -> Server:
 def exchange(s: Server, *messages) -> list[dict]:
     """What the server writes for ``messages`` (dicts, or raw lines as bytes)."""
     out = io.BytesIO()
-    s.serve([m if isinstance(m, bytes) else json.dumps(m).encode() + b"\n" for m in messages],
-            out)
+    s.serve(io.BytesIO(b"".join(m if isinstance(m, bytes) else json.dumps(m).encode() + b"\n"
+                                for m in messages)), out)
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
@@ -117,3 +117,44 @@ def test_arguments_are_checked_one_clause_each():
     assert refusal(params, {"op": "x", "size": 1.5}) == (
         "InvalidArgs: size: must be an integer or text")
     assert refusal(params, []) == "InvalidArgs: the arguments must be an object"
+
+
+# -- bounds: what one line or one client can ask of the server -------------------------
+def test_deep_nesting_and_a_line_over_the_bound_are_refused_and_the_server_goes_on():
+    from resourced.agents.mcp_stdio import MAX_LINE
+
+    replies = exchange(server(), b"[" * 100_000 + b"\n", b'"' + b"x" * (MAX_LINE + 10) + b'"\n',
+                       request(3, "ping"))
+    assert [(r.get("id"), r.get("error", {}).get("code")) for r in replies] == [
+        (None, -32700), (None, -32700), (3, None)]
+    assert "nested too deeply" in replies[0]["error"]["message"]
+    assert f"more than {MAX_LINE} bytes" in replies[1]["error"]["message"]
+
+
+def test_calls_beyond_the_bound_in_progress_are_refused_at_once():
+    from resourced.agents.mcp_stdio import MAX_PENDING
+
+    s = server()
+    go = threading.Event()
+    s.tools["held"] = Tool("held", "held", {"readOnlyHint": True}, (),
+                           lambda: {"ran": go.wait(WAIT)})
+
+    class Lines(io.BytesIO):
+        """The requests, then, at the end of input, the held calls are let go."""
+
+        def readline(self, size=-1):
+            line = super().readline(size)
+            if not line:
+                go.set()
+            return line
+
+    calls = [request(n, "tools/call", name="held", arguments={})
+             for n in range(MAX_PENDING + 2)]
+    out = io.BytesIO()
+    s.serve(Lines(b"".join(json.dumps(c).encode() + b"\n" for c in calls)), out)
+    replies = {r["id"]: r for r in map(json.loads, out.getvalue().splitlines())}
+    busy = [n for n, r in replies.items() if r.get("error", {}).get("code") == -32000]
+    assert sorted(busy) == [MAX_PENDING, MAX_PENDING + 1]
+    assert "Server busy" in replies[MAX_PENDING]["error"]["message"]
+    assert all(replies[n]["result"]["structuredContent"] == {"ran": True}
+               for n in range(MAX_PENDING))
