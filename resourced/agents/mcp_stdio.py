@@ -245,7 +245,8 @@ def _error(request_id, code: int, message: str) -> dict:
 
 
 def input_schema(params: tuple[Param, ...]) -> dict:
-    schema = {"type": "object", "properties": {p.name: p.schema for p in params}}
+    schema = {"type": "object", "properties": {p.name: p.schema for p in params},
+              "additionalProperties": False}
     if required := [p.name for p in params if "default" not in p.schema]:
         schema["required"] = required
     return schema
@@ -253,11 +254,21 @@ def input_schema(params: tuple[Param, ...]) -> dict:
 
 def checked(params: tuple[Param, ...], arguments: Any) -> dict:
     """The arguments by name, defaults filled in; else ToolFailed saying, one clause per
-    argument, what is wrong (``InvalidArgs: operation_id is required``).  Arguments no
-    parameter names are left out."""
+    argument, what is wrong (``InvalidArgs: operation_id is required``).  An argument no
+    parameter names is refused, as the bus and Python refuse one: a mistyped name must
+    not be taken for its absence (``durration`` made a claim with no end)."""
     if not isinstance(arguments, dict):
         raise ToolFailed("InvalidArgs: the arguments must be an object")
     values, clauses = {}, []
+    names = [p.name for p in params]
+    for name in arguments:
+        if name not in names:
+            import difflib
+
+            guess = difflib.get_close_matches(str(name), names, n=1)
+            clauses.append(f"unknown argument {name!r}" + (f" (did you mean {guess[0]}?)"
+                                                          if guess else
+                                                          f" (known: {', '.join(names)})"))
     for p in params:
         if p.name not in arguments:
             if "default" in p.schema:

@@ -349,3 +349,20 @@ def test_hostile_input_gets_errors_and_the_server_goes_on(daemon):
     assert by_id[1]["result"] == {}
     assert set(by_id) == {1, *(m["id"] for m in flood)}  # every call answered, one way
     assert all("result" in r or r["error"]["code"] == -32000 for r in by_id.values())
+
+
+def test_a_mistyped_argument_is_refused_on_every_tool_and_nothing_is_done(daemon):
+    """``durration`` once made a claim with no end; ``gpu`` a claim of the default one."""
+    async def scenario(s):
+        listed = {t.name: t for t in (await s.list_tools()).tools}
+        texts = {name: await refused(s, name, operation_id="op-1", durration="2h")
+                 for name in listed}
+        return listed, texts, await refused(s, "claim", gpu=1, operation_id="op-2")
+
+    listed, texts, claim = session(scenario)
+    for name, text in texts.items():
+        assert "unknown argument 'durration'" in text, (name, text)
+        assert listed[name].input_schema["additionalProperties"] is False, name
+    assert "unknown argument 'gpu' (did you mean gpus?)" in claim
+    with Client() as c:
+        assert c.status()["claims"] == []

@@ -105,8 +105,12 @@ def test_arguments_are_checked_one_clause_each():
               Param("flag", {"type": "boolean", "default": False}, None),
               Param("size", {"anyOf": [{"type": "integer"}, {"type": "string"}],
                              "default": "1G"}, None))
-    assert checked(params, {"op": "x", "extra": 1}) == {"op": "x", "n": None, "flag": False,
-                                                        "size": "1G"}
+    assert checked(params, {"op": "x"}) == {"op": "x", "n": None, "flag": False, "size": "1G"}
+    # a name no parameter has is refused, not taken for the absence of one
+    assert refusal(params, {"op": "x", "extra": 1}) == (
+        "InvalidArgs: unknown argument 'extra' (known: op, n, flag, size)")
+    assert refusal(params, {"op": "x", "falg": True}) == (
+        "InvalidArgs: unknown argument 'falg' (did you mean flag?)")
     assert checked(params, {"op": "x", "n": 4, "size": 7})["n"] == 4
     assert refusal(params, {}) == "InvalidArgs: op is required"
     assert refusal(params, {"op": "", "flag": "yes"}) == (
