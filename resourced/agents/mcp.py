@@ -159,10 +159,11 @@ def build_server(link: Bus | None = None) -> Server:
             raise ValueError(f"give a duration as text ({DURATION_FORMS}), not {value!r}")
         parse_duration(value)
 
-    def changed(booking: dict, dry_run: bool) -> dict:
-        """A change's answer, in book's shape (gpuctl's --json too): status and booking."""
-        return {"status": "dry-run" if dry_run else "changed",
-                "booking": agent_context.with_times(booking)}
+    def changed(booking: dict, dry_run: bool, again: bool = False) -> dict:
+        """A change's answer, in book's shape (gpuctl's --json too): status (``unchanged``
+        when ``again``: it had been made before) and booking."""
+        status = "dry-run" if dry_run else "unchanged" if again else "changed"
+        return {"status": status, "booking": agent_context.with_times(booking)}
 
     def tool(annotations: dict, *params: Param, name: str | None = None):
         """Register a tool: its docstring as one paragraph for its description."""
@@ -309,8 +310,14 @@ def build_server(link: Bus | None = None) -> Server:
     def cancel(operation_id, booking, reason, dry_run) -> dict:
         """End one of my bookings now (a scheduled one never starts; an active one ends and
         its claim with it). Answers as book does: the status and the booking."""
-        return ask(lambda c: changed(c.cancel(booking, reason=reason, op_id=operation_id,
-                                              dry_run=dry_run), dry_run))
+        from resourced.client.bookings import cancelled_already, now_usec
+
+        def cancel_it(c) -> dict:
+            asked = now_usec()
+            answer = c.cancel(booking, reason=reason, op_id=operation_id, dry_run=dry_run)
+            return changed(answer, dry_run, cancelled_already(answer, asked))
+
+        return ask(cancel_it)
 
     @tool(reading, name="list")
     def list_mine() -> dict:

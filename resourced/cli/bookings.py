@@ -406,7 +406,7 @@ def cancel(refs, reason, op_id, dry_run, bus, as_json):
 
     Example: gpuctl cancel b3x9k2q
     """
-    from resourced.client.bookings import now_usec
+    from resourced.client.bookings import cancelled_already, now_usec
 
     if op_id and len(refs) > 1:
         raise click.UsageError("--op-id names one change: cancel one REF with it")
@@ -414,7 +414,7 @@ def cancel(refs, reason, op_id, dry_run, bus, as_json):
     def one(ref):
         asked = now_usec()
         booking = c.cancel(ref, reason, op_id=op_id, dry_run=dry_run)
-        again = booking["ended"] == "cancelled" and 0 < booking["ended_usec"] < asked
+        again = cancelled_already(booking, asked)
         if again:
             click.echo(f"gpuctl: {ref} was cancelled already, {_when(booking['ended_usec'])} "
                        "(nothing changed)", err=True)

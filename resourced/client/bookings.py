@@ -38,6 +38,12 @@ def now_usec() -> int:
         raise InvalidArgs(str(exc)) from None
 
 
+def cancelled_already(booking: dict, asked_usec: int) -> bool:
+    """Whether the booking ``cancel`` answered with was cancelled before ``asked_usec``
+    (the moment the cancel was asked): a repeated cancel, which changed nothing."""
+    return booking["ended"] == "cancelled" and 0 < booking["ended_usec"] < asked_usec
+
+
 def local_now(usec: int | None = None):
     """Now (or ``usec``) in the local zone."""
     from datetime import UTC

@@ -130,7 +130,7 @@ def test_a_dry_run_booking_changes_nothing(clocked_daemon):
         assert len(c.bookings()) == 1
 
 
-def test_extend_and_cancel_a_booking_with_operation_ids(clocked_daemon):
+def test_extend_and_cancel_a_booking_with_operation_ids(clocked_daemon, clock):
     clocked_daemon(gpus=2)
 
     async def scenario(s):
@@ -140,13 +140,16 @@ def test_extend_and_cancel_a_booking_with_operation_ids(clocked_daemon):
         replay = await call(s, "extend", operation_id="e1", booking=ref, by="30m")
         both = await refused(s, "extend", operation_id="e2", booking=ref, by="1h", until="13:00")
         gone = await call(s, "cancel", operation_id="c1", booking=ref, reason="not needed")
-        return longer, replay, both, gone
+        clock.advance(60)
+        again = await call(s, "cancel", operation_id="c2", booking=ref, reason="not needed")
+        return longer, replay, both, gone, again
 
-    longer, replay, both, gone = session(scenario)
+    longer, replay, both, gone, again = session(scenario)
     assert longer["booking"]["end"] == replay["booking"]["end"] == "2026-12-01T11:30:00Z"
     assert longer["status"] == "changed"   # as book's answer, and gpuctl extend --json
     assert both.startswith("InvalidArgs: ")
     assert gone["booking"]["state"] == "ended"
+    assert (gone["status"], again["status"]) == ("changed", "unchanged")  # as gpuctl cancel
 
 
 def test_claim_replay_and_release(clocked_daemon):
