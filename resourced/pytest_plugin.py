@@ -10,6 +10,10 @@ first marked test claims, for the whole test session, the most any marked test a
 process dies); each marked test sees its part of it in ``CUDA_VISIBLE_DEVICES`` (and the
 other variables of ``gpuctl run``).  With no daemon, or when it does not fit now, the
 marked tests are skipped with the reason; ``--resourced-wait`` queues for it instead.
+
+Inside ``gpuctl run`` (``RESOURCED_ALLOCATION`` set), the run's own claim serves the
+marked tests and nothing more is claimed: ``gpuctl run --gpus 2 -- python -m pytest -m
+gpu`` runs the tests on those two GPUs.
 """
 
 import contextlib
@@ -40,6 +44,7 @@ class _Session:
         self.claim: dict | None = None
         self.refusal = ""
         self.client = None
+        self.borrowed = False  # the claim is the surrounding run's: not ours to release
 
     def pytest_collection_modifyitems(self, items):
         from resourced.protocol.amounts import parse_amount
@@ -79,7 +84,7 @@ class _Session:
 
     def pytest_sessionfinish(self):
         if self.client is not None:
-            if self.claim is not None:
+            if self.claim is not None and not self.borrowed:
                 with contextlib.suppress(Exception):  # it ends with this process anyway
                     self.client.release(self.claim["allocation"]["ref"], force=True)
             self.client.close()
@@ -95,14 +100,29 @@ class _Session:
         # GPUs and a share cannot be one claim: the whole GPUs serve the share tests too.
         gpus = self.wanted["gpus"] or (0 if self.wanted["vram"] else 1)
         vram = None if gpus else self.wanted["vram"]
+        surrounding = os.environ.get("RESOURCED_ALLOCATION")
         try:
             self.client = Client()
+            if surrounding:
+                return self._borrow(surrounding)
             self.claim = self.client.claim(mode="run", gpus=gpus, vram=vram,
                                            owner_pid=os.getpid(), wait=wait,
                                            task_name="pytest session")
         except ResourcedError as exc:
             self.refusal = f"{type(exc).__name__}: {exc.message}"
         return self.claim
+
+    def _borrow(self, ref: str) -> dict | None:
+        """The claim of the ``gpuctl run`` this session runs in, if it has what the marked
+        tests need (None, with the reason, if not)."""
+        held = self.client.allocation(ref)
+        has = len(held["allocation"]["gpu_uuids"])
+        if has < self.wanted["gpus"]:
+            self.refusal = (f"the claim {ref} this session runs in has {has} GPU(s); the "
+                            f"marked tests need {self.wanted['gpus']}")
+            return None
+        self.claim, self.borrowed = held, True
+        return held
 
 
 def _asked(marker) -> tuple[int, str | None]:

@@ -89,3 +89,45 @@ def test_with_no_daemon_they_are_skipped(pytester, monkeypatch, tmp_path):
         monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", autoload)
         named = pytester.runpytest_subprocess("-p", "resourced.pytest_plugin", "-rs")
         named.assert_outcomes(passed=1, skipped=2)
+
+
+INSIDE_A_RUN = """
+import os, pytest
+
+@pytest.mark.gpu(2)
+def test_two():
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == os.environ["RESOURCED_GPU_UUIDS"]
+    assert len(os.environ["CUDA_VISIBLE_DEVICES"].split(",")) == 2
+"""
+
+
+def test_inside_a_run_the_marked_tests_use_the_runs_claim(start_daemon, pytester):
+    """gpuctl run --gpus 2 -- python -m pytest: the plugin claimed 2 more on top and, with
+    none left, skipped the tests it was run for."""
+    import sys
+
+    start_daemon(gpus=2)
+    pytester.makepyfile(INSIDE_A_RUN)
+    result = pytester.run(sys.executable, "-m", "resourced.cli", "run", "--gpus", "2", "--",
+                          sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider",
+                          timeout=TIMEOUT)
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines(["*1 passed*"])
+    assert "skipped" not in result.stdout.str()
+    from resourced.client.sync import Client
+
+    with Client() as c:
+        assert c.status()["claims"] == []
+
+
+def test_inside_a_run_too_small_the_marked_tests_are_skipped_saying_why(start_daemon,
+                                                                       pytester):
+    import sys
+
+    start_daemon(gpus=2)
+    pytester.makepyfile(INSIDE_A_RUN)
+    result = pytester.run(sys.executable, "-m", "resourced.cli", "run", "--gpus", "1", "--",
+                          sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider",
+                          timeout=TIMEOUT)
+    result.stdout.fnmatch_lines(["*this session runs in has 1 GPU(s); the marked tests "
+                                 "need 2*"])
