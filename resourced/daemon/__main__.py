@@ -1,7 +1,5 @@
 """``python -m resourced.daemon``: what the units of every version run."""
 
-import sys
+from .main import entry
 
-from .main import main
-
-sys.exit(main())
+entry()
