@@ -92,7 +92,7 @@ class Calls(BookingCalls):
 
     # -- claims ------------------------------------------------------------------------
     @call
-    def claim(self, mode: str = "dev", gpus: int = 1, task_name: str = "",
+    def claim(self, mode: str = "dev", gpus: int | None = None, task_name: str = "",
               owner_pid: int | None = None, label: str = "", use_index: bool = False,
               member_pids: tuple[int, ...] = (), vram=None, ram=None, cpu=None,
               pools: dict | None = None, priority: int = 0, wait: bool = False,
@@ -104,6 +104,8 @@ class Calls(BookingCalls):
         """Claim GPUs, a VRAM share and/or pool amounts, all or nothing; returns
         ``{"allocation": {"ref": ...}, "env": {...}, "warnings": [...]}``.
 
+        ``gpus`` whole GPUs: 1 unless given, or none when ``vram`` (``vram_mb``) asks for a
+        share of one instead, as ``acquire`` and MCP's ``claim`` read it.
         Memory (``vram``, ``ram``) is text with a unit (``"4G"``) or bytes (at least 1 MiB),
         or MiB as ``vram_mb``/``ram_mb``; ``cpu`` a whole count.  ``member_pids`` are
         further processes of yours that belong to the claim from the start.  With ``wait``
@@ -125,6 +127,8 @@ class Calls(BookingCalls):
         whole, one for each of ``gpus`` (or the one GPU of a ``vram`` share); ``exclude``:
         never those, as ``book`` takes them."""
         held = wait and not progress
+        if gpus is None:
+            gpus = 0 if vram is not None or vram_mb is not None else 1
         msg = self._claim_message(mode, gpus, owner_pid, label, task_name, member_pids, vram,
                                   ram, cpu, pools, priority, wait, timeout, reclaimable, duration,
                                   session, dry_run, held, vram_mb, ram_mb, isolate, gpu_names,

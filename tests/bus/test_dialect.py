@@ -52,6 +52,22 @@ def test_python_memory_is_bytes_of_at_least_a_mib_or_megabytes_by_name(daemon):
         c.release(exact["allocation"]["ref"])
 
 
+def test_a_python_claim_of_vram_alone_is_a_share_as_acquire_and_mcp_read_it(daemon):
+    """claim(vram=...) and the README's vram_mb= were refused: gpus defaulted to 1."""
+    with Client(bus="session") as c:
+        for memory in ({"vram": "4G"}, {"vram_mb": 4096}):
+            lease = c.claim(mode="dev", owner_pid=os.getpid(), **memory)
+            got = lease["allocation"]
+            assert (got["vram_bytes"], len(got["gpu_uuids"])) == (4 << 30, 1)  # a share of one
+            c.release(lease["allocation"]["ref"])
+        whole = c.claim(owner_pid=os.getpid())  # and with neither, one whole GPU, as before
+        assert (whole["allocation"]["vram_bytes"], len(whole["allocation"]["gpu_uuids"])) \
+            == (0, 1)
+        c.release(whole["allocation"]["ref"])
+        with pytest.raises(InvalidArgs, match="not both"):
+            c.claim(gpus=1, vram="4G", owner_pid=os.getpid())
+
+
 @pytest.mark.parametrize("args, says", [
     (["--for", "2", "hours"], "2 what? Give the unit: 2s, 2m or 2h"),  # (the bare number first)
     (["--for", "2h", "more"], "unexpected argument 'more' before --"),
