@@ -88,6 +88,10 @@ def demand_options(gpus: int = 0, vram=None, ram=None, cpu=None, pools=None, vra
     return gpus, options
 
 
+LONGEST_SPAN = 2**63 // 1_000_000
+"""Seconds: the most a duration can be, in the bus's microseconds (a signed 64-bit count)."""
+
+
 def span(name: str, value) -> int:
     """A duration as microseconds (more than 0)."""
     from resourced.protocol.when import parse_duration
@@ -98,6 +102,9 @@ def span(name: str, value) -> int:
         except ValueError as exc:
             raise InvalidArgs(f"{name}: {exc}") from None
     if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or not 0 < value < 2**63 / 1e6):
+            or not 0 < value):
         raise InvalidArgs(f"{name} must be more than 0 seconds, not {value!r}")
+    if value >= LONGEST_SPAN:
+        raise InvalidArgs(f"{name} must be less than {LONGEST_SPAN // 86400:,} days "
+                          f"(about 292,000 years), not {value:.3g} seconds")
     return int(value * 1_000_000)

@@ -81,9 +81,11 @@ def parse_count(value: str | int, name: str = "a count") -> int:
     """A whole number greater than 0, without a unit (CPU cores, slots)."""
     text = value.strip() if isinstance(value, str) else value
     if isinstance(text, bool) or not (isinstance(text, int) or (
-            isinstance(text, str) and text.isdigit())) or int(text) <= 0 or int(text) > MAX_AMOUNT:
+            isinstance(text, str) and text.isdigit())) or int(text) <= 0:
         raise ValueError(f"{name} is a whole number greater than 0, without a unit, not "
                          f"{value!r}")
+    if int(text) > MAX_AMOUNT:
+        raise ValueError(f"{name} is at most {MAX_AMOUNT}, not {value!r}")
     return int(text)
 
 
