@@ -33,9 +33,9 @@ from resourced.protocol.names import (
     CLAIM_IFACE,
     MANAGER_IFACE,
     MANAGER_PATH,
-    NO_SESSION_BUS,
     RELEASE_DRY_RUN,
     RELEASE_FORCE,
+    no_session_bus,
     session_bus_missing,
 )
 
@@ -459,7 +459,7 @@ class Calls(BookingCalls):
         if isinstance(exc, PermissionError):
             return sandbox.refused(bus, exc)
         if bus == "session" and session_bus_missing():
-            return DaemonUnreachable(f"{NO_SESSION_BUS}; then start the daemon: resourced "
+            return DaemonUnreachable(f"{no_session_bus()}; then start the daemon: resourced "
                                      "--session (or use the system service: --bus system)")
         why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         return DaemonUnreachable(f"cannot reach the {bus} bus ({why}){self._tried(bus)}; "

@@ -31,7 +31,13 @@ from resourced.isolation.scopes import Scopes
 from resourced.linux.inotify import FileWatch
 from resourced.linux.sd import notify, reloading, run_watchdog, setup_logging, watchdog_interval
 from resourced.linux.users import user_name
-from resourced.protocol.names import BUS_DRIVER, BUS_NAME, NO_SESSION_BUS, session_bus_missing
+from resourced.protocol.names import (
+    BUS_DRIVER,
+    BUS_NAME,
+    NO_RUNTIME_DIR,
+    no_session_bus,
+    session_bus_missing,
+)
 
 from . import memory
 from .bus.caller import remember_call
@@ -119,7 +125,9 @@ def runtime_dir(mode: str, configured: str, environ=os.environ, shared: str | No
     if mode == "shared" and shared and not environ.get("XDG_RUNTIME_DIR"):
         return Path(shared) / "runtime"
     if not environ.get("XDG_RUNTIME_DIR"):
-        raise StartupError("XDG_RUNTIME_DIR is not set: log in through a session manager, or "
+        raise StartupError(f"XDG_RUNTIME_DIR is not set (a shell of dbus-run-session or a bare "
+                           f"login has none): log in through a session manager, or "
+                           f"{NO_RUNTIME_DIR}, or "
                            "set RESOURCED_RUNTIME_DIR", EXIT_USAGE)
     return Path(environ["XDG_RUNTIME_DIR"]) / "resourced"
 
@@ -244,7 +252,7 @@ async def connect(args: argparse.Namespace, shared: SharedBus | None,
             bus = await DaemonBus(bus_type=bus_type).connect()
     except (OSError, ValueError) as exc:
         if args.mode == "session" and not shared and session_bus_missing():
-            raise StartupError(f"{NO_SESSION_BUS}; then: resourced --session") from exc
+            raise StartupError(f"{no_session_bus()}; then: resourced --session") from exc
         raise StartupError(f"cannot connect to the {args.mode} bus: {exc}") from exc
     bus.add_message_handler(remember_call)
     bus.add_message_handler(_name_lost_watcher(stop))

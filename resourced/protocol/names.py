@@ -76,7 +76,17 @@ NO_SESSION_BUS = ("there is no session bus here ($DBUS_SESSION_BUS_ADDRESS is no
                   "$XDG_RUNTIME_DIR/bus): log in with a user session (systemd --user gives "
                   "one), or start one for a shell: dbus-run-session -- bash")
 """What to say where the session bus is wanted and there is none, instead of the bus
-library's text."""
+library's text (``no_session_bus`` adds what else a shell without a session needs)."""
+NO_RUNTIME_DIR = "export XDG_RUNTIME_DIR=$(mktemp -d)"
+"""A runtime directory of one's own (0700) where no session manager made one."""
+
+
+def no_session_bus(environ=os.environ) -> str:
+    """NO_SESSION_BUS, and where $XDG_RUNTIME_DIR is not set either (a bare ssh login, a
+    container), the step the daemon also needs in that shell."""
+    if environ.get("XDG_RUNTIME_DIR"):
+        return NO_SESSION_BUS
+    return f"{NO_SESSION_BUS}, and in it {NO_RUNTIME_DIR}"
 
 
 def session_bus_missing(environ=os.environ) -> bool:

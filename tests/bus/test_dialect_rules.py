@@ -300,3 +300,37 @@ def test_with_no_session_bus_gpuctl_says_how_to_get_one():
                        env=env, capture_output=True, text=True, timeout=30, check=False)
     assert r.returncode == 5
     assert "there is no session bus here" in r.stderr and "dbus-run-session -- bash" in r.stderr
+
+
+def test_the_advice_with_no_session_bus_works_when_followed_as_written(tmp_path):
+    """resourced --session with neither a session bus nor $XDG_RUNTIME_DIR (a bare ssh
+    login, a container) says what to type; typed as said, a daemon starts and gpuctl
+    reaches it (the advice once ended in 'XDG_RUNTIME_DIR is not set')."""
+    import os
+    import re
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bin_dir = Path(sys.executable).parent
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DBUS_SESSION_BUS_ADDRESS", "XDG_RUNTIME_DIR")}
+    env |= {"PATH": f"{bin_dir}:{env.get('PATH', '')}", "RESOURCED_SIMULATED_GPUS": "2",
+            "RESOURCED_STATE_DIR": str(tmp_path / "state"), "TMPDIR": str(tmp_path)}
+    said = subprocess.run(["resourced", "--session"], env=env, capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert said.returncode != 0
+    advice = re.search(r"start one for a shell: (dbus-run-session -- bash), and in it "
+                       r"(export XDG_RUNTIME_DIR=\$\(mktemp -d\)); then: (resourced --session)",
+                       said.stderr)
+    assert advice, said.stderr
+    start_shell, runtime, daemon = advice.groups()
+    # the shell the advice starts, given the rest as a script (bash -c, not a terminal)
+    script = (f"{runtime}; {daemon} & daemon=$!; i=0; "
+              "until gpuctl free >/dev/null 2>&1 || [ $i -ge 100 ]; do sleep 0.1; i=$((i+1)); "
+              "done; gpuctl free; code=$?; kill $daemon; wait $daemon; exit $code")
+    done = subprocess.run([*shlex.split(start_shell), "-c", script], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == "2"
