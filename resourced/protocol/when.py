@@ -130,7 +130,9 @@ def _check_clear(text: str, clock: time, candidate: datetime, now: datetime) -> 
         why = f"has passed today (it is {now:%H:%M})"
     else:
         return
-    raise ValueError(f"{text} {why}: say now, today {hhmm}, tomorrow {hhmm} or +DURATION")
+    # (today HH:MM is past in both cases: named as such, not offered as a way to book)
+    raise ValueError(f"{text} {why}: say now, +DURATION or tomorrow {hhmm} "
+                     f"(today {hhmm} is past)")
 
 
 def _parse_words(words: list[str], stripped: str, now: datetime) -> datetime | None:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -117,8 +118,14 @@ def test_a_time_of_day_never_adds_a_day_silently(clocked_daemon, args, says):
     clocked_daemon(gpus=1)
     r = gpuctl(*args)
     assert r.returncode == 2 and says in r.stderr
-    assert "say now, today" in r.stderr and "tomorrow" in r.stderr
     assert json.loads(gpuctl("bookings", "--json").stdout) == []
+    # every form it suggests books (today HH:MM, which was, is named as past)
+    suggested = re.search(r"say (now), (\+DURATION) or (tomorrow \d\d:\d\d) \(today "
+                          r"\d\d:\d\d is past\)", r.stderr)
+    assert suggested, r.stderr
+    now, _, tomorrow = suggested.groups()
+    for when in (now, "+1h", tomorrow):
+        assert gpuctl("book", "--for", "10m", "--at", when).returncode == 0, when
 
 
 def test_extend_until_a_time_that_passed_is_refused(clocked_daemon):

@@ -389,4 +389,4 @@ def test_a_bare_time_of_day_never_adds_a_day_silently(now, text, says):
     with pytest.raises(ValueError, match=re.escape(says)) as info:
         parse_when(text, now)
     hhmm = f"{int(text.split(':')[0]):02d}:{text.split(':')[1]}"
-    assert f"say now, today {hhmm}, tomorrow {hhmm} or +DURATION" in str(info.value)
+    assert f"say now, +DURATION or tomorrow {hhmm} (today {hhmm} is past)" in str(info.value)
