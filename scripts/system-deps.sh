@@ -26,6 +26,8 @@
 #   zsh           the shell hook in zsh as well as bash
 # The ObjectManager test (tests/bus/test_object_manager.py), the same way:
 #   python3-gi gir1.2-glib-2.0  GLib's object-manager client, for Debian's /usr/bin/python3
+# The MCP test through a second client (tests/bus/test_mcp.py), the same way:
+#   npm           installs the official MCP Inspector (./dev test, into .venv/mcp-inspector)
 set -eu
 PATH="$PATH:/usr/sbin:/sbin"
 missing=""
@@ -65,6 +67,7 @@ command -v dunst >/dev/null 2>&1 || optional="$optional dunst"
 command -v Xvfb >/dev/null 2>&1 || optional="$optional xvfb"
 command -v tmux >/dev/null 2>&1 || optional="$optional tmux"
 command -v zsh >/dev/null 2>&1 || optional="$optional zsh"
+command -v npm >/dev/null 2>&1 || optional="$optional npm"
 /usr/bin/python3 -c 'import gi; gi.require_version("Gio", "2.0"); from gi.repository import Gio' \
     2>/dev/null || optional="$optional python3-gi gir1.2-glib-2.0"
 
@@ -73,7 +76,8 @@ if [ "$(id -u)" -ne 0 ]; then
         echo "the multi-user tests (tests/system, run as root) would need:$system" >&2
     fi
     if [ -n "$optional" ]; then
-        echo "the tests with a real notification server, tmux, zsh and GLib would need:$optional" >&2
+        echo "the tests with a real notification server, tmux, zsh, GLib and the MCP" \
+             "Inspector would need:$optional" >&2
     fi
     [ -z "$missing" ] && exit 0
     echo "resourced needs these Debian packages:$missing" >&2

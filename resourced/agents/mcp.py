@@ -363,9 +363,11 @@ AMOUNT = {"anyOf": [{"type": "integer"}, {"type": "string"}]}
 
 
 def optional(schema: dict, description: str) -> dict:
-    """``schema`` or null, null by default."""
-    kinds = schema["anyOf"] if "anyOf" in schema else [schema]
-    return {"anyOf": [*kinds, {"type": "null"}], "default": None, "description": description}
+    """``schema``, not required (null by default, and null is taken as left out).  Written
+    with its plain ``type``, as MCP clients expect an optional argument: one that reads
+    the type to convert what a person typed (the MCP Inspector's CLI) sent ``"1"`` for
+    ``anyOf: [integer, null]``."""
+    return {**schema, "default": None, "description": description}
 
 
 def _paragraph(text: str) -> str:

@@ -277,6 +277,9 @@ def checked(params: tuple[Param, ...], arguments: Any) -> dict:
                 clauses.append(f"{p.name} is required")
             continue
         value, why = arguments[p.name], None
+        if value is None and "default" in p.schema and p.schema["default"] is None:
+            values[p.name] = None  # an optional argument given as null: left out
+            continue
         if p.check is not None and value is not None:
             try:
                 p.check(value)  # (first: it says more than a type, "90 what? ...")

@@ -12,13 +12,14 @@ import sys
 from pathlib import Path
 
 import anyio
+import pytest
 from mcp import ClientSession
 from mcp.client import stdio
 
 from resourced.client.sync import Client
 from resourced.agents.mcp import INSTRUCTIONS
 
-from ..conftest import eventually
+from ..conftest import ROOT, eventually
 from .test_agent import CONTEXT_KEYS
 
 SERVER = Path(sys.executable).with_name("resourced-mcp")
@@ -71,7 +72,11 @@ def test_tools_say_what_they_do_and_every_write_needs_an_operation_id():
         assert hints.idempotent_hint is True, name
         assert "operation_id" in tools[name].input_schema["required"], name
         assert tools[name].input_schema["properties"]["dry_run"]["type"] == "boolean"
-    assert tools["claim"].input_schema["properties"]["owner_pid"]["anyOf"][0]["type"] == "integer"
+    # an optional number has its plain type (a client converts what was typed by it), and
+    # is not required
+    claim = tools["claim"].input_schema
+    for name in ("owner_pid", "gpus"):
+        assert claim["properties"][name]["type"] == "integer" and name not in claim["required"]
     assert "history of the last week" in tools["usage"].description
     for code in ("NoSuchClaim", "NotClaimOwner", "InteractiveAuthorizationRequired"):
         assert code in INSTRUCTIONS, code
@@ -369,3 +374,40 @@ def test_a_mistyped_argument_is_refused_on_every_tool_and_nothing_is_done(daemon
     assert "unknown argument 'gpu' (did you mean gpus?)" in claim
     with Client() as c:
         assert c.status()["claims"] == []
+
+
+def test_an_optional_argument_given_as_null_is_left_out(daemon):
+    async def scenario(s):
+        return await call(s, "claim", operation_id="n-1", gpus=1, owner_pid=None,
+                          duration=None)
+
+    took = session(scenario)
+    assert took["allocation"]["until_usec"] == 0 and took["env"]["CUDA_VISIBLE_DEVICES"]
+
+
+INSPECTOR = ROOT / ".venv-tools" / "mcp-inspector" / "node_modules" / ".bin" / "mcp-inspector"
+
+
+@pytest.mark.skipif(not INSPECTOR.exists(),
+                    reason="no MCP Inspector here (./dev test installs it, with npm)")
+def test_the_official_inspector_passes_numbers_to_the_tools_as_numbers(daemon, owner):
+    """The Inspector's CLI converts a --tool-arg by the schema's type: for
+    anyOf [integer, null] it sent "1", and the claim was refused.  (It passes the server
+    only the variables it is given: the bus's address with -e.)"""
+    def inspector(*args: str) -> dict:
+        bus = f"DBUS_SESSION_BUS_ADDRESS={os.environ['DBUS_SESSION_BUS_ADDRESS']}"
+        done = subprocess.run([str(INSPECTOR), "--cli", "-e", bus, str(SERVER), *args],
+                              capture_output=True, text=True, timeout=TIMEOUT, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return json.loads(done.stdout)
+
+    listed = {t["name"] for t in inspector("--method", "tools/list")["tools"]}
+    assert listed == READS | WRITES
+    took = inspector("--method", "tools/call", "--tool-name", "claim", "--tool-arg", "gpus=2",
+                     "--tool-arg", "operation_id=inspector-1", "--tool-arg",
+                     f"owner_pid={owner.pid}")
+    assert took["isError"] is False, took
+    allocation = took["structuredContent"]["allocation"]
+    assert len(allocation["gpu_uuids"]) == 2
+    with Client() as c:
+        c.release(allocation["ref"])
