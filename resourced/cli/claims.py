@@ -379,6 +379,17 @@ def claim(gpus, named, exclude, vram, ram, cpu, pools, priority, wait, timeout, 
         _say_dry_run(result)
     else:
         click.echo(result["allocation"]["ref"])
+        _say_named_by_number(named, gpus, result)
+
+
+def _say_named_by_number(named, gpus, result: dict) -> None:
+    """``--gpu 2`` is GPU 2, whole, not two GPUs: said on stderr when the one name given
+    was a bare number and no count was, with the option a count would have been."""
+    if gpus or not named or len(named) != 1 or not str(named[0]).isdigit():
+        return
+    granted = ", ".join(f"gpu{i}" for i in result["allocation"]["gpu_indices"])
+    click.echo(f"gpuctl: granted {granted} (--gpu names a GPU by alias, index or UUID; for a "
+               f"number of GPUs: --gpus {named[0]})", err=True)
 
 
 def _say_dry_run(result: dict, then: str = "") -> None:

@@ -236,7 +236,9 @@ class Ledger:
         for g in self.gpus.values():
             if name in (g.uuid, g.label, str(g.index)):
                 return g
-        raise InvalidArgs(f"no GPU called {quoted(name)}")
+        there = ", ".join(g.label for g in sorted(self.gpus.values(), key=lambda g: g.index))
+        raise InvalidArgs(f"no GPU called {quoted(name)}: "
+                          + (f"the GPUs here are {there}" if there else "there are no GPUs here"))
 
     # -- decisions -------------------------------------------------------------------
     def submit(self, request: ClaimRequest, claim_id: str, now_usec: int,

@@ -226,3 +226,17 @@ def test_init_to_stdout_prints_the_toml_and_refuses_json():
     assert r.returncode == 2 and json.loads(r.stdout)["error"]["code"] == "InvalidArgs"
     assert_one_gpuctl_line(r.stderr)
     assert "-o - prints the TOML itself" in r.stderr
+
+
+def test_a_gpu_named_by_a_number_says_what_was_granted_and_the_count_option(daemon, owner):
+    """claim --gpu 2 is GPU 2, whole: someone who meant --gpus 2 is told, and --gpu 9
+    names the GPUs there are."""
+    r = gpuctl("claim", "--gpu", "2", "--owner-pid", str(owner.pid))
+    assert r.returncode == 0 and r.stdout.strip().startswith("c")
+    assert r.stderr == ("gpuctl: granted gpu2 (--gpu names a GPU by alias, index or UUID; "
+                        "for a number of GPUs: --gpus 2)\n")
+    named = gpuctl("claim", "--gpu", "gpu1", "--owner-pid", str(owner.pid))
+    assert named.returncode == 0 and named.stderr == ""  # an alias needs no word
+    r = gpuctl("claim", "--gpu", "9", "--owner-pid", str(owner.pid))
+    assert r.returncode == 2
+    assert "no GPU called '9': the GPUs here are gpu0, gpu1, gpu2, gpu3" in r.stderr
