@@ -94,3 +94,9 @@ echo "installing:$all" >&2
 DEBIAN_FRONTEND=noninteractive apt-get update -qq
 # shellcheck disable=SC2086
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $all
+# Debian enables a daemon's unit as its package is installed; Slurm and munge are here for
+# the tests, which start their own, so they are not left to start at the next boot.
+case "$all" in
+    *slurm*|*munge*)
+        systemctl disable --quiet slurmd slurmctld munge 2>/dev/null || true ;;
+esac
