@@ -52,12 +52,14 @@ def refs_given(refs: tuple, allocation: str | None, several: bool = True) -> tup
     return named
 
 
-def for_each_ref(refs: tuple, act) -> None:
+def for_each_ref(refs: tuple, act, as_json: bool = False) -> None:
     """``act(ref)`` for each reference in turn. With several, one that fails is said
-    (``gpuctl: REF: why``) and the rest still run; the first failure's exit code is the
-    command's."""
+    (``gpuctl: REF: why``, its times in local time as with one) and, with ``as_json``, is
+    a line of its own on stdout among the others' (``{"ref", "error": {code, message,
+    exit_code}}``); the rest still run; the first failure's exit code is the command's,
+    and the last line names the references that failed."""
     from resourced.errors import ResourcedError
-    from resourced.exits import GpuctlError, exit_code_for
+    from resourced.exits import EXIT_NAMES, GpuctlError, exit_code_for
 
     if len(refs) == 1:
         act(refs[0])
@@ -67,12 +69,16 @@ def for_each_ref(refs: tuple, act) -> None:
         try:
             act(ref)
         except (ResourcedError, GpuctlError) as exc:
-            click.echo(f"gpuctl: {ref}: {exc}", err=True)
-            failed.append(exc)
+            code = exc.exit_code if isinstance(exc, GpuctlError) else exit_code_for(exc)
+            click.echo(f"gpuctl: {ref}: {said(exc)}", err=True)
+            if as_json:
+                emit_json({"ref": ref, "error": {
+                    "code": getattr(exc, "code", None) or EXIT_NAMES.get(code, "Failed"),
+                    "message": str(exc), "exit_code": code}})
+            failed.append((ref, code))
     if failed:
-        first = failed[0]
-        code = first.exit_code if isinstance(first, GpuctlError) else exit_code_for(first)
-        raise GpuctlError(f"{len(failed)} of {len(refs)} failed", code)
+        names = ", ".join(ref for ref, _ in failed)
+        raise GpuctlError(f"{len(failed)} of {len(refs)} failed: {names}", failed[0][1])
 
 
 def said(message) -> str:

@@ -291,7 +291,7 @@ def bookings(refs, all_users, since, bus, as_json):
         if all_users or since is not None:
             raise click.UsageError("REF names the booking: --all and --since do not apply")
         with client(bus) as c:
-            for_each_ref(refs, lambda ref: _show_one(c.booking(ref), as_json))
+            for_each_ref(refs, lambda ref: _show_one(c.booking(ref), as_json), as_json)
         return
     since = None if since is None else since / 1e6
     with client(bus) as c:
@@ -421,7 +421,7 @@ def cancel(refs, reason, op_id, dry_run, bus, as_json):
         _show_one(booking, as_json, dry_run, status="unchanged" if again else "changed")
 
     with client(bus) as c:
-        for_each_ref(refs, one)
+        for_each_ref(refs, one, as_json)
 
 
 @click.command()

@@ -447,7 +447,7 @@ def release(refs, allocation, gpu, force, reason, dry_run, bus, as_json):
             with naming_bookings(c, ref):
                 _released(ref, c.release(ref, force=force, dry_run=dry_run), dry_run, as_json)
 
-        for_each_ref(refs_given(refs, allocation), one)
+        for_each_ref(refs_given(refs, allocation), one, as_json)
 
 
 @contextlib.contextmanager

@@ -79,6 +79,24 @@ def test_release_takes_several_refs_and_goes_on_past_one_refused(clocked_daemon,
     assert live_claims() == []
 
 
+def test_with_several_refs_json_names_the_one_that_failed_and_times_stay_local(
+        clocked_daemon, owner):
+    """release A B --json with one failure named neither it on stdout nor its time in
+    local time on stderr (ISO there, local with one REF)."""
+    clocked_daemon(gpus=4)
+    a, b = claim(owner.pid), claim(owner.pid)
+    assert gpuctl("release", a).returncode == 0  # a is gone: "ended today 09:00"
+    r = gpuctl("release", a, b, "--json")
+    assert r.returncode == 6
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    failed = [line for line in lines if line.get("ref") == a]
+    assert [f["error"]["code"] for f in failed] == ["NoSuchClaim"]
+    assert any(line.get("ref") == b and line.get("released") for line in lines), lines
+    assert lines[-1]["error"]["message"] == f"1 of 2 failed: {a}"
+    assert f"gpuctl: {a}: claim {a} ended today 09:00" in r.stderr, r.stderr
+    assert "T09:00" not in r.stderr
+
+
 def test_env_takes_the_ref_as_its_argument(clocked_daemon, owner):
     clocked_daemon(gpus=2)
     ref = claim(owner.pid)
