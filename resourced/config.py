@@ -90,6 +90,7 @@ class DaemonConfig:
     shared_dir: str = ""             # host a shared bus in this directory (resourced --shared)
     max_claims_per_user: int = 1024  # live claims (granted or waiting) of one user; 0 = no limit
     max_waiting_per_user: int = 64   # waiting claims of one user; 0 = no limit
+    max_priority: int = 100          # a higher one needs the manage action (shared buses)
     state_dir: str = ""              # the calendar's lasting state; "" = the mode's default
     longest_booking: float = 7 * 86400      # 0 = no limit
     booking_horizon: float = 30 * 86400     # how far ahead a booking may start; 0 = no limit
@@ -480,6 +481,7 @@ _DAEMON = {
     "shared_dir": (_directory, False),
     "max_claims_per_user": (_index, False),
     "max_waiting_per_user": (_index, False),
+    "max_priority": (_index, False),
     "state_dir": (_directory, False),
     "longest_booking": (_SECONDS, False),
     "booking_horizon": (_SECONDS, False),

@@ -218,6 +218,22 @@ def test_administrator_may_claim(rig):
     ok(rig.gpuctl("carol", "release", "--allocation", ref))
 
 
+def test_a_priority_above_the_bound_needs_the_administrators_action(rig):
+    """A member's priority above max_priority (100 by default) is refused, saying so; it
+    would go ahead of everyone's waiters and ask reclaimable leases back. An
+    administrator (manage) may ask it; up to the bound, anyone."""
+    pid = rig.sleepers["alice"]
+    high = rig.gpuctl("alice", "claim", "--gpus", 1, "--priority", 101, "--owner-pid", pid)
+    refused(high, EXIT_ACCESS_DENIED)
+    assert "priority 101 is above max_priority (100)" in high.stderr, high.stderr
+    assert status(rig)["claims"] == []
+    ref = ok(rig.gpuctl("alice", "claim", "--gpus", 1, "--priority", 100, "--owner-pid",
+                        pid)).strip()
+    admin = ok(rig.gpuctl("carol", "claim", "--gpus", 1, "--priority", 1000, "--owner-pid",
+                          rig.sleepers["carol"])).strip()
+    assert {c["id"] for c in status(rig)["claims"]} == {ref, admin}
+
+
 @pytest.mark.parametrize("owner", ["bob", "dave", "root"])
 def test_cannot_name_another_users_process_as_owner(rig, owner):
     refused(rig.gpuctl("alice", "claim", "--gpus", 1, "--owner-pid", rig.sleepers[owner]),

@@ -227,6 +227,7 @@ class ManagerInterface(Interface):
         if opts.get("Isolate") is False and self.engine.settings.isolation == "always" \
                 and caller.uid != 0:  # only an administrator runs unconfined here
             await self.authority.check(call, caller.uid, MANAGE, {"isolate": "false"})
+        await self._check_priority(call, caller.uid, opts.get("Priority", 0))
         timeout = opts.get("QueueTimeoutUSec")
         on = self._placed_on(gpus, opts)
         claim, warnings = await self.engine.claim(
@@ -254,6 +255,19 @@ class ManagerInterface(Interface):
             self.held.hold(claim.id, call, warnings)  # answered by _tell_waiter
             return REPLY_LATER
         return [claim.id, claim_path(claim.id), self.view.grant(claim, warnings)]
+
+    async def _check_priority(self, call: Message, uid: int, priority: int) -> None:
+        """A priority above ``max_priority`` needs the manage action: it goes ahead of
+        everyone's waiters and asks reclaimable leases back.  (On the session bus, one
+        person's, the authority allows everything.)"""
+        bound = self.engine.settings.max_priority
+        if not bound or priority <= bound:
+            return
+        try:
+            await self.authority.check(call, uid, MANAGE, {"priority": str(priority)})
+        except (AccessDenied, InteractiveAuthorizationRequired) as exc:
+            raise type(exc)(f"priority {priority} is above max_priority ({bound}): "
+                            f"{exc.message}") from None
 
     def _placed_on(self, gpus: int, opts: dict) -> tuple[str, ...]:
         """The GPUs a claim may go on, from GPUNames (those, whole; or the one of a VRAM
