@@ -108,6 +108,13 @@ class WaitingLine:
         self.drawn = True
 
 
+def waits_with(wait: bool, timeout) -> None:
+    """--timeout is how long --wait waits: alone, it was silently ignored."""
+    if timeout is not None and not wait:
+        raise click.UsageError("--timeout is how long --wait waits: add --wait (without it, "
+                               "a claim that does not fit now exits 3 at once)")
+
+
 def demand(gpus, named, exclude, vram, ram, cpu, pools) -> dict:
     """claim() keyword arguments; one whole GPU when nothing at all is asked for, one of
     each GPU named (--gpu), as book reads them."""
@@ -177,6 +184,7 @@ def run(gpus, named, exclude, vram, ram, cpu, pools, priority, wait, timeout, du
                        or duration
                        or session is not None or isolate is not None):
         raise click.UsageError("use either --allocation or amounts to claim, not both")
+    waits_with(wait, timeout)
     signum = _signal_number(reclaim_signal)
     if dry_run:
         if allocation:
@@ -366,6 +374,7 @@ def claim(gpus, named, exclude, vram, ram, cpu, pools, priority, wait, timeout, 
 
     Example: gpuctl claim --gpus 1 --ram 8G --owner-pid $PPID --task-name "tune kernels"
     """
+    waits_with(wait, timeout)
     with client(bus) as c, WaitingLine(wait and not quiet and not dry_run) as line:
         result = c.claim(mode="dev", owner_pid=owner_pid, label=label, task_name=task_name,
                          use_index=use_index, priority=priority, wait=wait, timeout=timeout,

@@ -154,3 +154,13 @@ def test_the_daemons_help_lists_the_environment_it_reads():
     for name in ("RESOURCED_CONFIG", "RESOURCED_RUNTIME_DIR", "RESOURCED_STATE_DIR",
                  "RESOURCED_SIMULATED_GPUS", "RESOURCED_SIMULATED_CLOCK"):
         assert name in r.stdout
+
+
+@pytest.mark.parametrize("command", [["claim", "--gpus", "1", "--owner-pid", "1"],
+                                     ["run", "--gpus", "1"]])
+def test_a_timeout_without_wait_is_refused_not_ignored(daemon, command):
+    args = [*command, "--timeout", "5m", *(["--", "true"] if command[0] == "run" else [])]
+    r = gpuctl(*args)
+    assert r.returncode == 2 and "--timeout is how long --wait waits: add --wait" in r.stderr
+    with Client(bus="session") as c:
+        assert c.status()["claims"] == []
