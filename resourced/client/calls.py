@@ -512,6 +512,15 @@ class Leased(Defined):
         self.ref = self.allocation["ref"]
         self.released = False
 
+    def __repr__(self) -> str:
+        """``<Lease c4x9k2a: GPU-..., granted>``: which claim, on what, and whether it is
+        still held (printed in a notebook or a log, not ``<... object at 0x...>``)."""
+        held = self.allocation.get("gpu_uuids") or []
+        what = ", ".join(held) or ", ".join(f"{n} {a}" for n, a in
+                                            self.allocation.get("pools", {}).items()) or "nothing"
+        return (f"<{type(self).__name__} {self.ref}: {what}, "
+                f"{'released' if self.released else 'held'}>")
+
     def _run(self, steps):
         return self.client._run(steps)
 

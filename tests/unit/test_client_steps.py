@@ -415,3 +415,15 @@ def test_level_changes_are_the_daemons_alone(client):
     with pytest.raises(TimeoutError):  # no daemon: nothing is anybody's to say
         steps.run(Calls.wait_level_change.steps(client, timeout=0),
                   Bus(signals=[level("disk", "STOP", sender=STRANGER)], owner=None).perform)
+
+
+def test_a_lease_prints_as_what_it_holds_and_whether_it_still_does(client):
+    from resourced.client.sync import Lease
+
+    gpus = Lease(client, {"allocation": {"ref": "c1", "gpu_uuids": ["GPU-a", "GPU-b"]},
+                          "env": {}, "warnings": []})
+    assert repr(gpus) == "<Lease c1: GPU-a, GPU-b, held>"
+    pool = Lease(client, {"allocation": {"ref": "c2", "gpu_uuids": [], "pools": {"cpu": 4}},
+                          "env": {}, "warnings": []})
+    pool.released = True
+    assert repr(pool) == "<Lease c2: cpu 4, released>"
