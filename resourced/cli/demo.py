@@ -52,6 +52,13 @@ class _Demo:
             "RESOURCED_RUNTIME_DIR": self.runtime_dir,   # nor the real runtime directory
             "RESOURCED_STATE_DIR": os.path.join(self.runtime_dir, "state"),  # nor the calendar
             "RESOURCED_CONFIG": config,  # nor this account's configuration
+            # nor the account's state: a command booked in the demo keeps its job file
+            # here, not where the account's own runner would take it for its daemon's
+            "XDG_STATE_HOME": os.path.join(self.runtime_dir, "user-state"),
+            # gpuctl, and a python that imports resourced, first on the shell's PATH: the
+            # environment this demo runs from (./dev shell's .venv)
+            "PATH": os.pathsep.join(filter(None, [os.path.dirname(sys.executable),
+                                                  os.environ.get("PATH")])),
         }
         self.daemon = None
         self.step = ""

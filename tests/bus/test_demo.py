@@ -117,3 +117,25 @@ def test_a_demo_killed_with_sigkill_leaves_no_bus_and_no_daemon_running():
     finally:
         for fd in ending:
             os.close(fd)
+
+
+def test_the_demo_shell_has_gpuctl_and_keeps_a_booked_command_to_itself(tmp_path, demo_tmp):
+    """gpuctl was not on the shell's PATH (nor a python that imports resourced), though
+    the README's examples are typed there; and a booked command's job file went into the
+    account's real state directory, where the account's own runner, for another daemon,
+    took it ("job of ... missed: its booking is gone")."""
+    home_state = tmp_path / "state"
+    script = ("gpuctl book --gpus 1 --for 1h --at +1h -- true >/dev/null; "
+              'python -c "from resourced import Client; print(\'client ok\')"; '
+              'echo "jobs: $(ls "$XDG_STATE_HOME/resourced/jobs" | grep -c json)"; exit\n')
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                           if p != os.path.dirname(sys.executable))  # as a login shell has it
+    r = subprocess.run([sys.executable, "-m", "resourced.cli", "demo", "--shell"],
+                       input=script, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "SHELL": "/bin/sh", "TMPDIR": demo_tmp,
+                            "XDG_STATE_HOME": str(home_state), "PATH": path})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "client ok" in r.stdout, r.stdout + r.stderr
+    assert "jobs: 1" in r.stdout, r.stdout + r.stderr  # the demo's own state has it
+    assert not (home_state / "resourced" / "jobs").exists()  # the account's has nothing
+    assert left_in(demo_tmp) == []
