@@ -263,10 +263,10 @@ def _keep_command(c, booking: dict, command: list[str]) -> dict:
     except ResourcedError as exc:  # the runner reports it when it sees the job
         click.echo(f"gpuctl: warning: cannot report the job as pending: {exc}", err=True)
     _say_grace(booking)
-    if not runner_is_running(directory):
-        click.echo("gpuctl: warning: no runner is running to start the command: run "
-                   "`gpuctl runner`, or enable it: systemctl --user enable --now "
-                   "resourced-runner.service", err=True)
+    if not runner_is_running(directory, c.bus):
+        click.echo(f"gpuctl: warning: no runner is running for the {c.bus} bus to start the "
+                   f"command: run `gpuctl runner --bus {c.bus}`, or enable it: "
+                   "systemctl --user enable --now resourced-runner.service", err=True)
     return booking
 
 

@@ -208,8 +208,9 @@ def runner_lock(directory: Path) -> Path:
     return directory / "runner.lock"
 
 
-def runner_is_running(directory: Path) -> bool:
-    """Whether a runner holds the jobs directory's lock now."""
+def runner_is_running(directory: Path, bus: str | None = None) -> bool:
+    """Whether a runner holds the jobs directory's lock now (and, given ``bus``, runs for
+    that bus: its lock says ``PID BUS``; one runner serves one daemon)."""
     import fcntl
 
     try:
@@ -219,7 +220,8 @@ def runner_is_running(directory: Path) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        return True
+        said = os.read(fd, 256).decode(errors="replace").split()
+        return bus is None or len(said) < 2 or said[1] == bus
     finally:
         os.close(fd)
     return False

@@ -85,12 +85,12 @@ class Runner:
             ensure_dir(self.dir)
         except (JobError, OSError) as exc:
             raise GpuctlError(f"cannot use the jobs directory: {exc}") from None
-        lock = self._lock()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, self._asked_to_quit)
         from resourced.client.discovery import choose_bus
 
         self.bus = choose_bus(self.requested_bus)
+        lock = self._lock()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._asked_to_quit)
         conn, heard = self._connect()
         self.client = Client(bus=self.bus, timeout=CALL_TIMEOUT)
         queue: deque = deque()
@@ -466,12 +466,12 @@ class Runner:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            other = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            other = (os.read(fd, 256).decode(errors="replace").split() or ["?"])[0]
             os.close(fd)
             raise GpuctlError(f"another runner is running for {self.dir} (pid {other})") \
                 from None
         os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        os.write(fd, f"{os.getpid()} {self.bus}\n".encode())  # runner_is_running reads both
         return fd
 
     def _connect(self):

@@ -405,6 +405,9 @@ def test_the_runner_lock_is_seen(directory):
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         assert jobs.runner_is_running(directory)
+        os.write(fd, b"4242 session\n")  # a runner for the session bus's daemon...
+        assert jobs.runner_is_running(directory, "session")
+        assert not jobs.runner_is_running(directory, "system")  # ...starts no system job
     finally:
         os.close(fd)
     assert not jobs.runner_is_running(directory)
