@@ -680,7 +680,10 @@ def _note(b: dict) -> str:
     if b["state"] == "ended":
         how = "released as a no-show" if b["ended"] == "no-show" else b["ended"]
         if b["reason"]:
-            by = f" by uid {b['ended_by']}" if b["ended_by"] >= 0 else ""  # -1: the daemon
+            from resourced.linux.users import user_name
+
+            # -1: the daemon; an account by its name, as everywhere else a person is shown
+            by = f" by {user_name(b['ended_by'])}" if b["ended_by"] >= 0 else ""
             how += f"{by}: {b['reason']}"
         return how
     if b["state"] == "active" and b["claim_state"] == "queued":

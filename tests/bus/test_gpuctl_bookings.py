@@ -842,3 +842,15 @@ def test_dry_run_says_what_would_happen_and_changes_nothing(clocked_daemon):
     refused("book", "--gpus", "2", "--for", "1h", "--at", "10:30", "--dry-run", code=3,
             match="nearest start")
     assert ok_json("bookings", "--all", "--json") == before
+
+
+def test_a_cancelled_bookings_note_names_who_cancelled_it_by_name(clocked_daemon):
+    """The table's note said 'cancelled by uid 0: ...'; everywhere else a person is named."""
+    import pwd
+
+    clocked_daemon(gpus=1)
+    ref = book("--for", "1h", "--at", "10:00")
+    ok("cancel", ref, "--reason", "plans changed")
+    [row] = [line for line in ok("bookings", "--since", "1h").splitlines() if ref in line]
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert row.endswith(f"cancelled by {me}: plans changed"), row
