@@ -482,8 +482,11 @@ class Runner:
         try:
             return signals.listen(self.bus, rules, CALL_TIMEOUT)
         except (OSError, KeyError, ValueError, TimeoutError) as exc:
-            raise GpuctlError(f"cannot reach the {self.bus} bus: {exc}", EXIT_UNREACHABLE) \
-                from None
+            from resourced.client.sync import Client
+
+            # what every client says when the bus cannot be had: which, why, what to do
+            said = Client(bus=self.bus, timeout=CALL_TIMEOUT)._unreachable(self.bus, exc)
+            raise GpuctlError(str(said), EXIT_UNREACHABLE) from None
 
 
 def _shown(argv: list[str]) -> str:

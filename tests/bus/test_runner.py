@@ -439,3 +439,14 @@ def test_book_refuses_a_stray_word_and_a_dry_run_keeps_nothing(job_env, out, clo
                       "--", "true").stdout)
     assert b["booking"]["job"] == "pending"
     assert at("2026-12-01T11:00:00+00:00") == b["booking"]["start_usec"]
+
+
+def test_a_runner_with_no_bus_to_reach_says_which_why_and_what_to_do(tmp_path):
+    """It said only 'cannot reach the system bus: [Errno 2] No such file or directory'."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DBUS_", "RESOURCED_"))}
+    env |= {"DBUS_SESSION_BUS_ADDRESS": "", "XDG_STATE_HOME": str(tmp_path / "state"),
+            "DBUS_SYSTEM_BUS_ADDRESS": f"unix:path={tmp_path}/no-bus"}
+    r = ctl(env, "runner")
+    assert r.returncode == 5, r.stderr
+    assert "cannot reach the system bus (No such file or directory)" in r.stderr, r.stderr
+    assert "start the daemon" in r.stderr and "[Errno" not in r.stderr
