@@ -295,7 +295,7 @@ class Calendar:
                                        self._blocked())
             if placed is None or _gpus(*placed) != old.gpus:
                 raise NotEnoughCapacity(f"booking {booking_id} cannot be extended to that end: "
-                                        "its GPUs or amounts are booked then")
+                                        f"{self._in_the_way(old, end_usec)}")
         request = replace(old.request, duration_usec=end_usec - old.start_usec)
         new = replace(old, request=request, end_usec=end_usec)
         self._check_hours(new, old)
@@ -523,6 +523,35 @@ class Calendar:
     def _check_horizon(self, start: int, now: int) -> None:
         if self.limits.horizon and start - now > self.limits.horizon * 1e6:
             raise InvalidArgs(f"bookings may start at most {_span(self.limits.horizon)} ahead")
+
+    def _in_the_way(self, old: Booking, until: int) -> str:
+        """Why ``old`` cannot last until ``until`` on its GPUs: the first booking, claim or
+        blackout on one of them after its end, and the latest end that fits; what cannot
+        be said simply (pools, shares beside a share) in general words."""
+        mine = set(old.gpus)
+        first: tuple[int, str] | None = None
+        for h in self.timeline.holds.values():
+            theirs = set(h.whole) | ({h.share} if h.share and not old.share else set())
+            if h.id == old.id or not mine & theirs or not h.overlaps(old.end_usec, until):
+                continue
+            other = self.bookings.get(h.id)
+            what = f"{other.user}'s booking {h.id}" if other else f"claim {h.id}"
+            when = max(h.start, old.end_usec)
+            if first is None or when < first[0]:
+                first = (when, what)
+        for b in self.blackouts.values():
+            if b.start_usec < until and b.end_usec > old.end_usec:
+                when = max(b.start_usec, old.end_usec)
+                if first is None or when < first[0]:
+                    first = (when, f"blackout {b.id}")
+        if first is None:
+            return "its GPUs or amounts are booked then"
+        when, what = first
+        where = ", ".join(self.labels.get(u, u) for u in old.gpus)
+        if when <= old.end_usec:
+            return f"{what} holds {where} from its end on"
+        return (f"{what} holds {where} from {utc_text(when)}; the latest end that fits is "
+                f"{utc_text(when)}")
 
     def _blocked(self, kept: tuple[int, int] | None = None) -> tuple[tuple[int, int], ...]:
         """The blackout windows, less the time ``kept`` (what an edited booking had)."""

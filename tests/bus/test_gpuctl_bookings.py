@@ -854,3 +854,21 @@ def test_a_cancelled_bookings_note_names_who_cancelled_it_by_name(clocked_daemon
     [row] = [line for line in ok("bookings", "--since", "1h").splitlines() if ref in line]
     me = pwd.getpwuid(os.getuid()).pw_name
     assert row.endswith(f"cancelled by {me}: plans changed"), row
+
+
+def test_a_refused_extend_names_what_holds_the_gpus_and_the_latest_end_that_fits(
+        clocked_daemon):
+    """It said only 'its GPUs or amounts are booked then': neither who, nor until when."""
+    import pwd
+
+    clocked_daemon(gpus=1)
+    ref = book("--for", "1h", "--at", "10:00")
+    later = book("--for", "1h", "--at", "12:00")
+    me = pwd.getpwuid(os.getuid()).pw_name
+    said = refused("extend", ref, "--until", "14:00", code=3)
+    assert (f"{me}'s booking {later} holds gpu0 from today 12:00; the latest end that fits "
+            "is today 12:00") in said, said
+    back_to_back = ok_json("extend", ref, "--until", "today 12:00")["booking"]  # as said
+    assert back_to_back["end"] == "2026-12-01T12:00:00Z"
+    said = refused("extend", ref, "--by", "1m", code=3)
+    assert f"{me}'s booking {later} holds gpu0 from its end on" in said, said
