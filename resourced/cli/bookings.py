@@ -164,7 +164,11 @@ def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_nam
         if command and not dry_run:
             result["booking"] = _keep_command(c, result["booking"], list(command))
     booking = result["booking"]
-    if result["status"] == "created" and start is None and booking["start_usec"] > now:
+    from resourced.core.clock import whole_second
+
+    # (a booking asked for now starts at the next whole second: that is not a queue)
+    if result["status"] == "created" and start is None and \
+            booking["start_usec"] > whole_second(now):
         result["status"] = "queued"
     if as_json:
         emit_json({"schema": JSON_SCHEMA, **result, "booking": with_times(booking)})

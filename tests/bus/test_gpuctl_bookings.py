@@ -872,3 +872,11 @@ def test_a_refused_extend_names_what_holds_the_gpus_and_the_latest_end_that_fits
     assert back_to_back["end"] == "2026-12-01T12:00:00Z"
     said = refused("extend", ref, "--by", "1m", code=3)
     assert f"{me}'s booking {later} holds gpu0 from its end on" in said, said
+
+
+def test_a_booking_that_starts_at_once_is_said_booked_not_queued(start_daemon):
+    """On the wall clock, asked for now, it starts at the next whole second, and was
+    reported as 'queued to start at the earliest fit'."""
+    start_daemon(gpus="1")
+    r = ctl("book", "--for", "1h")
+    assert r.returncode == 0 and r.stderr.startswith("gpuctl: booked gpu0, "), r.stderr
