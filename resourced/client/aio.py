@@ -39,6 +39,7 @@ class AsyncClient(Calls):
     _router = None
     _router_cm = None
     _opening = None  # an asyncio.Lock, made by the first call that connects
+    _closing = False  # close() has begun: a call it cuts short is cancelled, not failed
 
     async def _run(self, call_steps):
         async with _Doing(self) as doing:
@@ -71,8 +72,12 @@ class AsyncClient(Calls):
 
     async def close(self) -> None:
         if self._router_cm is not None:
-            await self._router_cm.__aexit__(None, None, None)
-            self._router = self._router_cm = None
+            self._closing = True
+            try:
+                await self._router_cm.__aexit__(None, None, None)
+            finally:
+                self._router = self._router_cm = None
+                self._closing = False
 
     async def __aenter__(self):
         return self
@@ -114,8 +119,7 @@ class _Doing:
         if kind is steps.Shut:
             return await client.close()
         if kind is steps.Raw:
-            async with asyncio.timeout(client.timeout):
-                return await client._router.send_and_get_reply(step.message)
+            return await self._reply(client._router, step.message)
         if kind is steps.Sleep:
             return await asyncio.sleep(step.seconds)
         router = await client._connection()
@@ -132,11 +136,25 @@ class _Doing:
             self.asked.append(step.rule)
             return None
         try:
-            async with asyncio.timeout(client.timeout):
-                reply = await router.send_and_get_reply(step)
+            reply = await self._reply(router, step)
         except (OSError, TimeoutError) as exc:
             raise client._unreachable(client.bus, exc) from exc
         return client._answer(reply)
+
+    async def _reply(self, router, message):
+        """``message``'s reply.  A call the client's own close() cuts short (a task still
+        waiting when ``async with AsyncClient()`` ends) is cancelled, as its caller closed
+        it: jeepney fails it with RouterClosed, then a KeyError from its bookkeeping, and
+        a task nobody awaits any more logged that as a traceback."""
+        from jeepney.io.common import RouterClosed
+
+        try:
+            async with asyncio.timeout(self.client.timeout):
+                return await router.send_and_get_reply(message)
+        except (RouterClosed, KeyError) as exc:
+            if self.client._closing or self.client._router is None:
+                raise asyncio.CancelledError("the client was closed") from exc
+            raise
 
 
 class _Entered:

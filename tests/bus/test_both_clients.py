@@ -137,3 +137,19 @@ def test_the_blocking_client_hears_level_changes_as_the_async_one_does(
     (small_disk / "fill").unlink()  # back to OK
     listener.join(TIMEOUT)
     assert [(c["old"], c["new"]) for c in seen] == [("STOP", "OK")]
+
+
+def test_a_call_the_async_client_closes_under_is_cancelled_not_failed(daemon):
+    """A task still waiting on the bus when ``async with AsyncClient()`` ends (the README's
+    wait_level_change beside a training loop) failed with jeepney's KeyError, logged as
+    a traceback by asyncio since nobody awaits it any more."""
+    async def scenario():
+        async with AsyncClient() as c:
+            await c.ping()
+            waiting = asyncio.ensure_future(c.wait_level_change())
+            await asyncio.sleep(0)  # it has sent its first call, and waits for the answer
+        await asyncio.wait([waiting], timeout=10)
+        return waiting
+
+    waiting = asyncio.run(scenario())
+    assert waiting.cancelled(), waiting.exception()
