@@ -3,7 +3,8 @@ sandbox, which takes a Unix socket for network access (README: "Sandboxed coding
 
 The bus's files are open to everyone who may use resourced there (the session bus to its
 user, the system bus to all, a shared bus to its group), so a permission error on the
-socket itself is the sandbox's refusal, and the message says which socket to allow.
+socket itself is the sandbox's refusal, and the message says which socket to allow;
+unless the socket lies in another account's closed folder: then it is their bus.
 """
 
 from resourced.errors import AccessDenied
