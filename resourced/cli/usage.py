@@ -26,8 +26,15 @@ def usage(user, since, until, by, bus, as_json):
 
     Example: gpuctl usage --since "mon 00:00" --by gpu
     """
+    from resourced.client.bookings import now_usec
+
     from .sessions import uid_of
 
+    end = now_usec() if until is None else until
+    if since is not None and since >= end:
+        # (the daemon's own words name its bus options, SinceUSec and UntilUSec)
+        raise click.UsageError(f"--since must be before {'--until' if until else 'now'}: "
+                               "usage is what was held in that time")
     uid = None if user is None else uid_of(user)
     with client(bus) as c:
         rows = c.usage(since=None if since is None else since / 1e6,

@@ -123,3 +123,15 @@ def test_a_bad_window_is_a_usage_error(daemon_on):
     daemon_on()
     r = gpuctl("usage", "--since", "2026-12-02T00:00:00Z", "--until", "2026-12-01T00:00:00Z")
     assert r.returncode == 2 and "before" in r.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--since", "tomorrow"], "--since must be before now"),
+    (["--since", "10:00", "--until", "09:30"], "--since must be before --until"),
+])
+def test_a_span_that_ends_before_it_starts_is_refused_in_gpuctls_words(clocked_daemon,
+                                                                         args, says):
+    """It said 'SinceUSec must be before UntilUSec', the bus option's names."""
+    clocked_daemon(gpus=1)
+    r = gpuctl("usage", *args)
+    assert r.returncode == 2 and says in r.stderr and "USec" not in r.stderr, r.stderr
