@@ -68,8 +68,12 @@ START_HINTS = {
               "or one of your own: `resourced --session`",
     "shared": "ask its host to start `resourced --shared DIR` (or `systemctl --user start "
               "resourced-shared`)",
+    "either": "`sudo systemctl start resourced` (everyone's) or `systemctl --user start "
+              "resourced` (yours), after `gpuctl service enable --system`/`--user`; or "
+              "`resourced --session`",
 }
-"""How to start the daemon on each bus, for the message that says it is not there."""
+"""How to start the daemon on each bus (``either``: where both were looked at), for the
+message that says it is not there."""
 
 
 def _method_call(address: DBusAddress, method: str, signature: str | None = None,
@@ -492,9 +496,7 @@ class Calls(BookingCalls):
 
     def _hint(self, bus: str) -> str:
         """How to start a daemon on ``bus`` (and on the session bus, where both were tried)."""
-        if self._looked_everywhere(bus):
-            return f"{START_HINTS['system']}; for yourself alone, {START_HINTS['session']}"
-        return START_HINTS[bus]
+        return START_HINTS["either" if self._looked_everywhere(bus) else bus]
 
 
 class Leased(Defined):

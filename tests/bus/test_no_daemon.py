@@ -28,6 +28,9 @@ def test_looking_everywhere_it_names_both_buses_and_both_ways_to_start(no_daemon
     assert "`sudo systemctl start resourced`" in r.stderr and "`resourced --session`" in r.stderr
     assert "`systemctl --user start resourced`" in r.stderr
     assert r.stderr.count("\n") == 1
+    # each way once, and short enough to read (it ran to 350 characters, naming
+    # `resourced --session` twice)
+    assert r.stderr.count("resourced --session") == 1 and len(r.stderr) < 300, r.stderr
 
 
 def test_a_wait_for_a_claim_with_no_daemon_fails_at_once(no_daemon):
