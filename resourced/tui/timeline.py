@@ -73,7 +73,7 @@ def render_timeline(gpus: list[dict], entries: list[dict], now_usec: int, hours:
     visible.sort(key=lambda e: (e["start_usec"], str(e["id"])))
     letters = [LETTERS[i] if i < len(LETTERS) else OVERFLOW for i in range(len(visible))]
 
-    rows = []
+    rows, several = [], False
     for g in gpus:
         holders: list[list[int]] = [[] for _ in range(cells)]
         for i, e in enumerate(visible):
@@ -81,6 +81,7 @@ def render_timeline(gpus: list[dict], entries: list[dict], now_usec: int, hours:
                 first, last = grid.columns(e)
                 for c in range(first, last + 1):
                     holders[c].append(i)
+        several = several or any(len(h) > 1 for h in holders)
         row = "".join(FREE if not h else letters[h[0]] if len(h) == 1 else MANY
                       for h in holders)
         rows.append(g["label"][:label_w].ljust(label_w) + " " + row)
@@ -91,6 +92,12 @@ def render_timeline(gpus: list[dict], entries: list[dict], now_usec: int, hours:
     lines += [pad + times, "now".ljust(label_w) + " " + axis, *rows]
     lines.append("")
     lines += legend_lines(visible, letters, now_usec, tz, width)
+    # the marks that are no entry's letter, when they are shown
+    if several:
+        lines.append(f"{MANY}  two or more at once (shares of one GPU, or one ending as the "
+                     "next starts within the cell)"[:width])
+    if OVERFLOW in letters:
+        lines.append(f"{OVERFLOW}  an entry past the {len(LETTERS)} that have a letter"[:width])
     return "\n".join(lines)
 
 

@@ -122,6 +122,9 @@ def test_overlapping_shares_give_a_star():
     assert both and [c for c, ch in enumerate(cells) if ch == "*"] == both
     assert set(cells) == {"A", "B", "*", "."}
     assert "share" in legend(text)[0] and "share" in legend(text)[1]
+    # the star is in the legend (it was not), and only where one is shown
+    assert legend(text)[2].startswith("*  two or more at once")
+    assert "two or more at once" not in render([a])
 
 
 def test_two_entries_meeting_inside_a_cell_give_a_star_and_at_an_edge_do_not():
@@ -169,6 +172,7 @@ def test_the_legend_lists_each_entry_once_with_its_letter():
         ["C", "b3x9k2q", "bob", "booking", "today"],
         ["D", "c9r2t7e", "erin", "share", "today"],
         ["E", "b8h4w0z", "carol", "booking", "today"],
+        ["*", "two", "or", "more", "at"],  # the mark two overlapping shares make
     ]
     assert lines[2].endswith("today 15:20-17:00")
     assert lines[4].endswith("today 20:00-Wed 2 Dec 01:07")
@@ -230,8 +234,12 @@ def test_thirty_entries_render_with_letters_wrapping():
 def test_beyond_the_letters_entries_are_marked_with_a_hash():
     entries = [entry(f"r{i:02d}", NOW, NOW + H, i % 3, shared=True) for i in range(70)]
     lines = legend(render(entries))
-    assert len(lines) == 70
-    assert [line[0] for line in lines[len(LETTERS):]] == ["#"] * (70 - len(LETTERS))
+    assert len(lines) == 70 + 2  # and the keys of * and #
+    assert [line[0] for line in lines[len(LETTERS):70]] == ["#"] * (70 - len(LETTERS))
+    assert lines[70:] == [
+        "*  two or more at once (shares of one GPU, or one ending as the next starts within "
+        "the cell)",
+        f"#  an entry past the {len(LETTERS)} that have a letter"]
 
 
 def test_no_gpus_is_one_line():
