@@ -11,13 +11,12 @@ import click
 from resourced import __version__
 from resourced.exits import (
     EXIT_INTERRUPTED,
-    EXIT_NAMES,
     EXIT_USAGE,
     GpuctlError,
     exit_code_for,
 )
 
-from ._options import BUSES, said
+from ._options import BUSES, error_record, said
 
 COMMANDS = {
     "run": ("claims", "run", "Run a command on free GPUs (or on a claim), then release them."),
@@ -144,9 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         if as_json and json_too:
             import json
 
-            click.echo(json.dumps({"error": {
-                "code": code or EXIT_NAMES.get(exit_code, "Failed"), "message": message,
-                "exit_code": exit_code}}, sort_keys=True))
+            click.echo(json.dumps(error_record(message, exit_code, code), sort_keys=True))
         return exit_code
 
     try:

@@ -59,7 +59,7 @@ def for_each_ref(refs: tuple, act, as_json: bool = False) -> None:
     exit_code}}``); the rest still run; the first failure's exit code is the command's,
     and the last line names the references that failed."""
     from resourced.errors import ResourcedError
-    from resourced.exits import EXIT_NAMES, GpuctlError, exit_code_for
+    from resourced.exits import GpuctlError, exit_code_for
 
     if len(refs) == 1:
         act(refs[0])
@@ -70,15 +70,23 @@ def for_each_ref(refs: tuple, act, as_json: bool = False) -> None:
             act(ref)
         except (ResourcedError, GpuctlError) as exc:
             code = exc.exit_code if isinstance(exc, GpuctlError) else exit_code_for(exc)
-            click.echo(f"gpuctl: {ref}: {said(exc)}", err=True)
+            message = said(exc)
+            click.echo(f"gpuctl: {ref}: {message}", err=True)
             if as_json:
-                emit_json({"ref": ref, "error": {
-                    "code": getattr(exc, "code", None) or EXIT_NAMES.get(code, "Failed"),
-                    "message": str(exc), "exit_code": code}})
+                emit_json({"ref": ref, **error_record(message, code, getattr(exc, "code", None))})
             failed.append((ref, code))
     if failed:
         names = ", ".join(ref for ref, _ in failed)
         raise GpuctlError(f"{len(failed)} of {len(refs)} failed: {names}", failed[0][1])
+
+
+def error_record(message: str, exit_code: int, code: str | None = None) -> dict:
+    """What --json says of a failure: ``{"error": {code, message, exit_code}}``, the code
+    named after the exit code where the error has none."""
+    from resourced.exits import EXIT_NAMES
+
+    return {"error": {"code": code or EXIT_NAMES.get(exit_code, "Failed"), "message": message,
+                      "exit_code": exit_code}}
 
 
 def said(message) -> str:
