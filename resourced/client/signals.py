@@ -71,14 +71,8 @@ class FromDaemon:
                 self.owner = msg.body[2] or None
                 return True
             return False
-        return self.speaks(msg) and any(f.matches(msg) for f in self.filters)
-
-    def speaks(self, msg) -> bool:
-        """Whether ``msg`` was sent by the owner of ``name`` as last known."""
-        from jeepney.low_level import HeaderFields
-
-        sender = msg.header.fields.get(HeaderFields.sender)
-        return self.owner is not None and sender == self.owner
+        return (self.owner is not None and sender == self.owner
+                and any(f.matches(msg) for f in self.filters))
 
     def learn(self, reply) -> None:
         """The owner from the bus driver's answer to ``GetNameOwner`` (an error: none)."""
