@@ -682,10 +682,15 @@ def test_a_waiter_is_granted_and_cancelled_by_the_daemon_alone(daemon, owner):
                   "VRAMBytes": ("t", 0), "Pools": ("a{st}", {}), "Warnings": ("as", [])}
         forge(victim, path, "org.resourced.Claim", "Granted", "a{sv}", (forged,))
         forge(victim, path, "org.resourced.Claim", "Cancelled", "s", ("forged",))
-        time.sleep(1)  # an obeyed forgery returned from claim() at once
+        # The daemon's next ClaimNew reaches the waiter after the forgeries (the bus routed
+        # them first): once it has reported its place again, it has read them too.
+        reported = len(places)
+        marker = holder.claim(gpus=0, cpu=1, owner_pid=owner.pid)["allocation"]["ref"]
+        eventually(lambda: len(places) > reported, what="the waiter's report of ClaimNew")
         assert waiter.is_alive() and not found.get("error"), found
         assert holder.status()["queue"] == [waiting]
 
+        holder.release(marker)
         holder.release(held)
         waiter.join(10)
     assert "error" not in found, found["error"]

@@ -60,10 +60,15 @@ def test_after_close_nothing_is_called(tmp_path):
     clock = tmp_path / "clock"
 
     async def scenario():
-        seen = []
+        seen, marker = [], asyncio.Event()
         FileWatch(clock, lambda: seen.append(1)).close()
-        clock.write_text("now\n")
-        await asyncio.sleep(0.05)
+        mark = FileWatch(clock.with_name("marker"), marker.set)
+        try:
+            clock.write_text("now\n")
+            clock.with_name("marker").write_text("x")  # seen once the clock's write is too
+            await asyncio.wait_for(marker.wait(), HANG)
+        finally:
+            mark.close()
         return seen
 
     assert asyncio.run(scenario()) == []
