@@ -3,13 +3,15 @@
 
 It boots systemd 252 in namespaces of its own with resourced installed as the tests do
 (tests/systemd/harness.py), sets `[daemon] isolation = "opt-in"`, and times inside it,
-interleaved (the order alternates every round), whole `gpuctl run` processes as root:
+interleaved (the order alternates every round), whole `gpuctl run` processes as a member
+of the access group from a session scope in their slice (isolation confines no root
+process, and only processes of their user's slice):
 
 * plain: `gpuctl run -- true`;
 * isolated: `gpuctl run --isolate -- true` (the claim, Confine: the helper's
   StartTransientUnit and the wait until the pid is inside, then the command);
-* for scale, `systemd-run --scope true`, what a scope alone costs from a shell, and the
-  same with a device filter (`DevicePolicy=closed`, one `DeviceAllow=`), which systemd
+* for scale, as root, `systemd-run --scope true`, what a scope alone costs from a shell,
+  and the same with a device filter (`DevicePolicy=closed`, one `DeviceAllow=`), which systemd
   loads as a BPF program: the part of the cost that is systemd's.
 
 Prints the median and p90 of each, and the added latency (isolated minus plain, medians).
@@ -31,17 +33,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _harness import installed_under_systemd, summary
 
-from tests.systemd.harness import CONFIG, UNIT, sigterm_interrupts
+from tests.systemd.harness import CONFIG, UNIT, USERS, sigterm_interrupts
+
+SCOPES = {"scope": ["systemd-run", "--quiet", "--scope", "true"],
+          "filtered scope": ["systemd-run", "--quiet", "--scope", "-p", "DevicePolicy=closed",
+                             "-p", "DeviceAllow=/dev/char/195:0 rw", "true"]}
 
 # Runs inside, with the venv's python: times the commands there.
 TIMER_PY = r"""
 import json, subprocess, sys, time
-gpuctl, rounds = sys.argv[1], int(sys.argv[2])
-kinds = {"plain": [gpuctl, "run", "--", "true"],
-         "isolated": [gpuctl, "run", "--isolate", "--", "true"],
-         "scope": ["systemd-run", "--quiet", "--scope", "true"],
-         "filtered scope": ["systemd-run", "--quiet", "--scope", "-p", "DevicePolicy=closed",
-                            "-p", "DeviceAllow=/dev/char/195:0 rw", "true"]}
+kinds, rounds = json.loads(sys.argv[1]), int(sys.argv[2])
 for argv in kinds.values():  # warm-up: the helper's activation, caches
     subprocess.run(argv, check=True, capture_output=True, timeout=60)
 times = {k: [] for k in kinds}
@@ -72,8 +73,13 @@ def main() -> int:
                                 text, count=1) if "[daemon]" in text
                  else '[daemon]\nisolation = "opt-in"\n' + text)
         ns.run("systemctl", "restart", UNIT)
-        times = json.loads(ns.python(TIMER_PY, str(ns.venv / "bin/gpuctl"), str(a.rounds),
-                                     timeout=900).stdout)
+        gpuctl = str(ns.venv / "bin/gpuctl")
+        runs = {"plain": [gpuctl, "run", "--", "true"],
+                "isolated": [gpuctl, "run", "--isolate", "--", "true"]}
+        times = json.loads(ns.python(TIMER_PY, json.dumps(runs), str(a.rounds), timeout=900,
+                                     user=USERS["alice"][0], session=True).stdout)
+        times |= json.loads(ns.python(TIMER_PY, json.dumps(SCOPES), str(a.rounds),
+                                      timeout=900).stdout)
         print(line("gpuctl run -- true", times["plain"]))
         print(line("gpuctl run --isolate -- true", times["isolated"]))
         print(line("systemd-run --scope true", times["scope"]))

@@ -113,7 +113,8 @@ class DaemonConfig:
     exempt_users: tuple[str, ...] = ()
     # Whether a claim's processes are confined to its GPUs (systemd scopes): "off",
     # "opt-in" (gpuctl run --isolate, claim --isolate) or "always" (every command run
-    # through resourced; only an administrator may opt out). The system service only.
+    # through resourced but root's; only an administrator may opt out). The system
+    # service only.
     isolation: str = "off"
 
 

@@ -13,7 +13,7 @@ from dbus_fast import Message, MessageType
 
 from resourced.errors import Internal
 
-from .helper import BUS_NAME, INTERFACE, PATH, SCOPE_PREFIX, SYSTEMD
+from .helper import BUS_NAME, INTERFACE, PATH, SCOPE_PREFIX, SIGNATURE, SYSTEMD
 
 log = logging.getLogger("resourced")
 
@@ -31,11 +31,12 @@ class Scopes:
         self.bus = bus
         self._stopping: set[asyncio.Task] = set()
 
-    async def confine(self, claim_id: str, pids: list[int], devices: list[tuple[str, str]],
-                      stop_timeout_usec: int) -> str:
-        """Put ``pids`` in the claim's scope (started if need be); its unit name."""
-        answer = await self._helper("Confine", "saua(ss)t",
-                                    [claim_id, pids, [list(d) for d in devices],
+    async def confine(self, claim_id: str, uid: int, pids: list[int],
+                      devices: list[tuple[str, str]], stop_timeout_usec: int) -> str:
+        """Put ``pids``, processes of user ``uid`` (the claim's), in the claim's scope
+        (started if need be); its unit name.  The helper checks whose they are again."""
+        answer = await self._helper("Confine", SIGNATURE,
+                                    [claim_id, uid, pids, [list(d) for d in devices],
                                      stop_timeout_usec])
         if answer.message_type is MessageType.ERROR:
             why = answer.body[0] if answer.body else answer.error_name

@@ -355,9 +355,12 @@ class Namespace:
         return self.gpuctl("service", "enable", "--system", timeout=90)
 
     # -- inside -----------------------------------------------------------------------------
-    def command(self, *argv: str, user: str | None = None, env: dict | None = None) -> list[str]:
+    def command(self, *argv: str, user: str | None = None, env: dict | None = None,
+                session: bool = False) -> list[str]:
         """The host command line that runs ``argv`` inside: a clean environment, as root or
-        as ``user`` (a login: its uid, its groups, its HOME)."""
+        as ``user`` (a login: its uid, its groups, its HOME); with ``session``, in a scope
+        of that user's slice, as a login session's processes run (isolation moves no
+        other process)."""
         if self.init is None:
             raise NamespaceError("the namespace is not booted")
         base = {"PATH": INNER_PATH, "LANG": "C.UTF-8", "HOME": "/root", "TERM": "dumb"}
@@ -366,14 +369,18 @@ class Namespace:
             home = "/home/" + user if user == USERS["carol"][0] else "/"
             base.update(HOME=home, USER=user, LOGNAME=user)
             prefix = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--"]
+            if session:
+                prefix = ["systemd-run", "--scope", "--quiet", "--collect",
+                          f"--slice=user-{self.ids[user]}.slice", "--", *prefix]
         merged = {**base, **(env or {})}
         return ["nsenter", "-t", str(self.init[0]), "-a", *prefix, "env", "-i",
                 *(f"{k}={v}" for k, v in merged.items()), *argv]
 
     def run(self, *argv: str, user: str | None = None, env: dict | None = None,
-            timeout: float = 30, check: bool = True, input: str | None = None
-            ) -> subprocess.CompletedProcess:
-        cp = subprocess.run(self.command(*argv, user=user, env=env), capture_output=True,
+            timeout: float = 30, check: bool = True, input: str | None = None,
+            session: bool = False) -> subprocess.CompletedProcess:
+        cp = subprocess.run(self.command(*argv, user=user, env=env, session=session),
+                            capture_output=True,
                             text=True, timeout=timeout, input=input, check=False,
                             stdin=None if input is not None else subprocess.DEVNULL)
         if check and cp.returncode != 0:

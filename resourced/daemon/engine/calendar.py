@@ -68,7 +68,7 @@ class Bookings:
         exists, or dry-run.  It belongs to ``session`` (default: the caller's Unix
         session)."""
         if request.isolate:
-            self.engine.isolated(True, BOOKING)  # refused here if it cannot be
+            self.engine.isolated(True, BOOKING, caller.uid)  # refused here if it cannot be
         user = await self.engine.user_name(caller.uid)
         session = self.engine.session_of(caller.pid, session)
         self.engine.alarms.run_due()
@@ -84,7 +84,8 @@ class Bookings:
         self.engine.alarms.run_due()
         old = self.engine.calendar.bookings.get(booking_id)
         if request.isolate and not (old and old.request.isolate):
-            self.engine.isolated(True, BOOKING)  # refused here if it cannot be
+            # refused here if it cannot be
+            self.engine.isolated(True, BOOKING, old.uid if old else caller.uid)
         booking, events = self.engine.calendar.edit(booking_id, request, caller.uid,
                                              self._booking_now(), admin, "" if dry_run else op_id)
         self._settle(events, [(booking_id, old)], dry_run)
@@ -235,7 +236,8 @@ class Bookings:
         self.engine.commit(self.engine.ledger.start_booking(
             booking.id, demand, booking.gpus, booking.uid, booking.user, request.label,
             request.task_name, self.engine.clock(), booking.end_usec, busy=None,
-            session=booking.session, isolated=request.isolate or self.engine.isolated(None, BOOKING)))
+            session=booking.session,
+            isolated=request.isolate or self.engine.isolated(None, BOOKING, booking.uid)))
         self.engine.serve_queue()  # its GPUs are granted on fresh evidence, like any waiter's
 
     def record(self, events: list[BookingEvent], **changes) -> None:

@@ -258,7 +258,7 @@ class Engine:
         its GPUs (``confine``); None: as the configuration says.  ``on``: the GPUs it may
         be placed on (() : any)."""
         self._check_limits(caller, wait, demand)
-        isolated = self.isolated(isolate, mode)
+        isolated = self.isolated(isolate, mode, caller.uid)
         if mode not in MODES:
             raise InvalidArgs(f"mode must be one of {', '.join(MODES)}, not {quoted(mode)}")
         if priority >= BOOKING_PRIORITY:
@@ -496,12 +496,13 @@ class Engine:
     # -- liveness ----------------------------------------------------------------------
 
     # -- internals ---------------------------------------------------------------------
-    def isolated(self, isolate: bool | None, mode: str) -> bool:
-        """Whether a new claim is isolated: as it asked, else as the configuration says
-        (an opt-out under "always" was authorized by the bus layer)."""
+    def isolated(self, isolate: bool | None, mode: str, uid: int) -> bool:
+        """Whether a new claim of user ``uid`` is isolated: as it asked, else as the
+        configuration says (an opt-out under "always" was authorized by the bus layer).
+        Root's never is: the helper moves no root process (resourced.isolation.helper)."""
         if isolate is None:
             return (self.settings.isolation == "always" and self.scopes is not None
-                    and mode != SLURM)
+                    and mode != SLURM and uid != 0)
         if not isolate:
             return False
         if mode == SLURM:
@@ -511,6 +512,9 @@ class Engine:
         if self.settings.isolation == "off":
             raise InvalidArgs('isolation is off on this machine: its administrator may set '
                               '[daemon] isolation = "opt-in" (then systemctl reload resourced)')
+        if uid == 0:
+            raise InvalidArgs("root's commands are never confined (the isolation helper "
+                              "moves no root process): run the command as the user it is for")
         return True
 
     async def confine(self, caller: Caller, claim_id: str, pid: int) -> str:
@@ -527,7 +531,8 @@ class Engine:
         os.close(fd)
         minors = [g.minor for u in claim.gpus if (g := self.ledger.gpus[u]).minor is not None]
         devices = allowed(minors, proc_devices=read_proc_devices())
-        unit = await self.scopes.confine(claim.id, [ref.pid], devices, STOP_TIMEOUT_USEC)
+        unit = await self.scopes.confine(claim.id, claim.uid, [ref.pid], devices,
+                                         STOP_TIMEOUT_USEC)
         if claim.id not in self.ledger.claims:  # it ended while the scope was made
             self.scopes.stop(claim.id)
             raise NoSuchClaim(f"claim {claim_id} ended meanwhile")
