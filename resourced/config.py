@@ -33,7 +33,7 @@ import os
 import re
 import stat
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from resourced.core.health import CheckEntry
@@ -51,6 +51,7 @@ __all__ = [
     "RunnerConfig",
     "SlurmConfig",
     "find_config",
+    "for_the_bus",
     "load_config",
     "parse_config",
     "reload_changes",
@@ -106,7 +107,8 @@ class DaemonConfig:
     max_gpus_per_user: int = 0               # GPUs held or waited for (a share counts one)
     max_claims_per_session: int = 0          # live claims of one session
     max_gpus_per_session: int = 0
-    max_booked_gpu_hours_per_user: float = 0.0     # GPU-hours of live bookings (a share: one GPU)
+    # GPU-hours of live bookings (a share: one GPU); None: the bus's default (for_the_bus)
+    max_booked_gpu_hours_per_user: float | None = None
     max_booked_gpu_hours_per_session: float = 0.0
     # Every user is under the limits, root too, except that these (user names) are spared
     # the per-user ones: never a session's, so an agent swarm run as root is capped.
@@ -116,6 +118,21 @@ class DaemonConfig:
     # through resourced but root's; only an administrator may opt out). The system
     # service only.
     isolation: str = "off"
+
+
+def for_the_bus(daemon: DaemonConfig, shared: bool, gpus: int) -> DaemonConfig:
+    """``daemon`` with its bus's defaults filled in, for a daemon serving ``gpus`` GPUs.
+
+    On a shared bus (the system bus, ``--shared``) a member's live bookings may hold at
+    most a quarter of the GPU-hours the booking horizon holds (4 GPUs, 30 days: 720, the
+    whole machine for 7.5 days or one GPU for the whole horizon), so no one can book the
+    machine for the whole horizon; claims need no cap of their own, since a claim holds
+    its GPUs only until another's booking needs them.  On the session bus, one person's,
+    there is no limit.  A value in the file (0: no limit) is kept as it is."""
+    if daemon.max_booked_gpu_hours_per_user is not None:
+        return daemon
+    hours = gpus * daemon.booking_horizon / 3600 / 4 if shared else 0.0
+    return replace(daemon, max_booked_gpu_hours_per_user=round(hours, 3))
 
 
 @dataclass(frozen=True)

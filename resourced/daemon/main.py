@@ -357,7 +357,8 @@ async def serve(args: argparse.Namespace) -> int:
     engine = Engine(backend, store if config.daemon.persist else None,
                     config.daemon, config.gpus, host_pools(config.pools), clock=clock,
                     calendar_store=calendar, poll_clock=simulated, usage_store=usage,
-                    slurm=config.slurm, scopes=Scopes(bus) if args.mode == "system" else None)
+                    slurm=config.slurm, scopes=Scopes(bus) if args.mode == "system" else None,
+                    shared=args.mode != "session")
     try:
         await engine.start(restored)
     except (StoreError, OSError, ValueError) as exc:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from .conftest import BUS_NAME, MANAGER_IFACE, MANAGER_PATH, ok, refused
+from .conftest import BUS_NAME, MANAGER_IFACE, MANAGER_PATH, NGPUS, ok, refused
 
 pytestmark = pytest.mark.usefixtures("clean_claims")
 
@@ -50,3 +50,20 @@ def test_a_session_at_its_gpu_limit_is_refused_naming_the_limit_and_another_is_n
 
     held = json.loads(ok(rig.gpuctl("alice", "sessions", "--json")))
     assert {s["session"]: s["claims"] for s in held} == {"agents": [first], "notebook": [other]}
+
+
+def test_by_default_no_member_books_the_whole_machine_for_the_whole_horizon(rig):
+    """4 GPUs, the 30-day horizon: 720 GPU-hours a member may have booked; 5 bookings of
+    every GPU for 7 days took the whole horizon before."""
+    limits = json.loads(ok(rig.gpuctl("alice", "status", "--json")))["limits"]
+    assert limits["max_booked_gpu_hours_per_user"] == NGPUS * 30 * 24 / 4
+    first = ok(rig.gpuctl("alice", "book", "--gpus", NGPUS, "--for", "7d")).strip()
+    try:
+        cp = rig.gpuctl("alice", "book", "--gpus", NGPUS, "--for", "7d")
+        refused(cp, EXIT_LIMIT)
+        assert "max_booked_gpu_hours_per_user" in cp.stderr
+        # another member still books what is left
+        daves = ok(rig.gpuctl("dave", "book", "--gpus", NGPUS, "--for", "7d"))
+        ok(rig.gpuctl("dave", "cancel", daves.strip()))
+    finally:
+        ok(rig.gpuctl("alice", "cancel", first))

@@ -115,7 +115,7 @@ def test_an_outsider_neither_grants_nor_cancels_a_waiting_claim(rig):
         assert waiter.stdout.readline().strip() == "queued"
         [ref] = [r for r, c in claims(rig).items() if c["state"] == "queued"]
         assert forge_as_outsider(rig, ref) >= 1
-        time.sleep(1)
+        time.sleep(1)  # a forged Granted or Cancelled ended the wait at once when obeyed
         assert waiter.poll() is None, waiter.communicate()  # neither granted nor cancelled
         assert claims(rig)[ref]["state"] == "queued"
 

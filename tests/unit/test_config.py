@@ -683,3 +683,16 @@ def test_the_metrics_textfile_is_an_absolute_prom_file_applied_on_reload():
     assert "must end in .prom" in error('[metrics]\ntextfile = "/var/lib/ne/resourced.txt"\n',
                                         "metrics.textfile")
     assert reload_changes(Config(), found) == (["metrics"], [])
+
+
+def test_a_shared_bus_caps_a_members_booked_gpu_hours_at_a_quarter_of_the_horizon():
+    from resourced.config import DaemonConfig, for_the_bus
+
+    assert for_the_bus(DaemonConfig(), True, 4).max_booked_gpu_hours_per_user == 720
+    assert for_the_bus(DaemonConfig(booking_horizon=7 * 86400), True, 8
+                       ).max_booked_gpu_hours_per_user == 8 * 7 * 24 / 4
+    assert for_the_bus(DaemonConfig(), False, 4).max_booked_gpu_hours_per_user == 0
+    lifted = DaemonConfig(max_booked_gpu_hours_per_user=0)
+    assert for_the_bus(lifted, True, 4).max_booked_gpu_hours_per_user == 0
+    assert for_the_bus(DaemonConfig(booking_horizon=0), True, 4
+                       ).max_booked_gpu_hours_per_user == 0  # no horizon: nothing to share

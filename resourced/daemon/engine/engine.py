@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from resourced.backends import Backend, NoGpus
-from resourced.config import DaemonConfig, GpuEntry, SlurmConfig
+from resourced.config import DaemonConfig, GpuEntry, SlurmConfig, for_the_bus
 from resourced.core.calendar import Booking, BookingEvent, Calendar
 from resourced.core.caller import Caller
 from resourced.core.claims import (
@@ -124,14 +124,17 @@ class Engine:
     def __init__(self, backend: Backend, store=None, settings: DaemonConfig = DaemonConfig(),
                  configured: tuple[GpuEntry, ...] = (), pools: tuple[Pool, ...] = (),
                  clock: Clock = wall_clock, calendar_store=None, poll_clock: bool = False,
-                 usage_store=None, slurm: SlurmConfig = SlurmConfig(), scopes=None):
+                 usage_store=None, slurm: SlurmConfig = SlurmConfig(), scopes=None,
+                 shared: bool = False):
         self.backend = backend
+        self.shared = shared  # on a bus several users share: its defaults (for_the_bus)
         self.scopes = scopes  # claims' systemd scopes (isolation.Scopes); None: not on this bus
         self.store = store  # a ClaimStore, or None to keep claims in memory only
         self.calendar_store = calendar_store  # a CalendarStore, or None: bookings in memory
         self.usage_store = usage_store  # a UsageStore, or None: no usage history
         self.poll_clock = poll_clock  # a simulated clock: look at it at least each second
-        self.settings = settings
+        self.given = settings  # as configured; ``settings``: with the bus's defaults
+        self.settings = for_the_bus(settings, shared, 0)
         self.configured = configured
         self.pools = pools
         self.slurm = slurm
@@ -177,6 +180,7 @@ class Engine:
         for name in unknown:
             log.warning("[slurm] gpus names %s, which is no GPU managed here", name)
         self.ledger = Ledger(gpus, self.pools, for_slurm)
+        self.settings = for_the_bus(self.given, self.shared, len(gpus))
         self.calendar = Calendar(self.ledger.timeline, booking_limits(self.settings),
                                  {g.uuid: g.label for g in gpus})
         if not gpus:
@@ -220,7 +224,8 @@ class Engine:
 
     def apply_settings(self, settings: DaemonConfig) -> None:
         """Take new [daemon] settings on a reload (those that need no restart)."""
-        self.settings = settings
+        self.given = settings
+        self.settings = settings = for_the_bus(settings, self.shared, len(self.ledger.gpus))
         self.probe.timeout = settings.probe_timeout
         self.calendar.limits = booking_limits(settings)
 
