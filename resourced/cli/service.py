@@ -101,6 +101,8 @@ def enable(user, system, dry_run, root, config, shared_dir, group):
     plan = _plan(lambda: install.plan_enable(
         mode, sys.executable, config, root or "/", sysusers=sysusers, group=group,
         shared_dir=shared_dir and os.path.abspath(shared_dir)))
+    if mode == install.SYSTEM and root is None:
+        _plan(lambda: install.check_root_runs_only_roots_code(sys.executable, _code_dirs()))
     _carry_out(plan, dry_run=dry_run, staged=root is not None)
     if mode != install.SYSTEM and not dry_run and root is None:
         _note_lingering(mode == install.SHARED)
@@ -149,6 +151,17 @@ def _access_group(config_path: str) -> str:
         return load_config(path if path.is_file() else None).daemon.access_group
     except ConfigError as exc:
         raise GpuctlError(str(exc), EXIT_USAGE) from exc
+
+
+def _code_dirs() -> list[str]:
+    """Where this environment's interpreter imports resourced and its packages from."""
+    import sysconfig
+
+    import resourced
+
+    paths = sysconfig.get_paths()
+    return list(dict.fromkeys([os.path.dirname(resourced.__file__), paths["purelib"],
+                               paths["platlib"]]))
 
 
 def _plan(make) -> install.Plan:

@@ -11,11 +11,14 @@ staging into a directory), while the commands always name the target's own paths
 they are meant to run there.
 """
 
+import grp
 import os
+import pwd
 import re
 import shlex
+import stat
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -351,6 +354,61 @@ def _unit(mode: str) -> str:
 def _check_mode(mode: str) -> None:
     if mode not in MODES:
         raise InstallError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+
+
+def check_root_runs_only_roots_code(python: str, code: Iterable[str]) -> None:
+    """Refuse (InstallError) a root unit that would run ``python``, loading ``code`` (the
+    folders it imports from), when an account other than root can change any of them or
+    a folder above: that account could run code as root."""
+    for path in (python, *code):
+        found = changeable_by_others(path)
+        if found:
+            where, who = found
+            raise InstallError(
+                f"{where} is {who}, and the root unit {ISOLATION_UNIT} would run "
+                f"{python} with code from {path}: that account could run code as root. "
+                "Install resourced where only root can write (as root: python3 -m venv "
+                "/opt/resourced, then /opt/resourced/bin/pip install resourced's source) "
+                "and run this from there")
+
+
+def changeable_by_others(path: str) -> tuple[str, str] | None:
+    """The first of ``path``, what it links to, and the folders above them that an
+    account other than root can change, and how: (path, "owned by ..." or "writable by
+    ..."), or None.  A sticky folder (/tmp) is safe for what root owns in it."""
+    seen: set[str] = set()
+    for start in (os.path.abspath(path), os.path.realpath(path)):
+        current = start
+        while current not in seen:
+            seen.add(current)
+            try:
+                st = os.lstat(current)
+            except FileNotFoundError:
+                st = None
+            if st is not None and not stat.S_ISLNK(st.st_mode):
+                sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+                if st.st_uid != 0:
+                    return current, f"owned by {_account(st.st_uid)}"
+                if st.st_mode & 0o002 and not sticky:
+                    return current, "writable by everyone"
+                if st.st_mode & 0o020 and st.st_gid != 0 and not sticky:
+                    return current, f"writable by group {_group(st.st_gid)}"
+            current = os.path.dirname(current)
+    return None
+
+
+def _account(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _group(gid: int) -> str:
+    try:
+        return f"{grp.getgrgid(gid).gr_name} (gid {gid})"
+    except KeyError:
+        return f"gid {gid}"
 
 
 def _absolute(what: str, path: str) -> str:

@@ -1,5 +1,6 @@
 """resourced.linux.install: the plan that `gpuctl service enable/disable` carries out."""
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -291,3 +292,42 @@ def test_a_readme_under_an_odd_path_is_named_as_systemd_reads_it(tmp_path):
     unit = plan.write[0].content
     assert _documentation(unit) == sources / "README.md"
     assert_systemd_accepts(tmp_path, "resourced.service", unit)
+
+
+def _root_owned(path: Path, mode: int) -> Path:
+    os.chown(path, 0, 0)
+    path.chmod(mode)
+    return path
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes files of other owners (root only)")
+def test_a_root_unit_is_refused_code_another_account_can_change(tmp_path):
+    base = _root_owned(tmp_path, 0o755)
+    (base / "venv").mkdir()
+    venv = _root_owned(base / "venv", 0o755)
+    site = venv / "lib"
+    site.mkdir()
+    python = venv / "python"
+    python.write_text("")
+    assert install.changeable_by_others(str(site)) is None
+    install.check_root_runs_only_roots_code(str(python), [str(site)])
+
+    os.chown(site, 65534, 65534)
+    where, who = install.changeable_by_others(str(site / "resourced"))
+    assert where == str(site) and who.startswith("owned by") and "65534" in who
+    with pytest.raises(install.InstallError, match=f"{site} is owned by .*uid 65534.* could "
+                       "run code as root. Install resourced where only root can write"):
+        install.check_root_runs_only_roots_code(str(python), [str(site)])
+    os.chown(site, 0, 0)
+
+    venv.chmod(0o777)
+    assert install.changeable_by_others(str(python)) == (str(venv), "writable by everyone")
+    venv.chmod(0o1777)  # sticky, as /tmp: what root owns there stays root's
+    assert install.changeable_by_others(str(python)) is None
+    venv.chmod(0o775)
+    os.chown(venv, 0, 65534)
+    assert install.changeable_by_others(str(python))[1].startswith("writable by group")
+
+    link = base / "bin-python"
+    link.symlink_to(python)  # a link is followed: its target's folders count too
+    assert install.changeable_by_others(str(link))[0] == str(venv)
