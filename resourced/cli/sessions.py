@@ -110,18 +110,27 @@ def stop(session, user, reason, dry_run, bus, as_json):
 
 def _no_such_session(session: str, uid: int | None, bus: str | None) -> None:
     """A session name that holds nothing is most often a typo: refused (exit 6), naming
-    the sessions that hold something."""
+    the sessions that hold something; another user's session of that name is not yours
+    (exit 7), and the message says whose it is and what stopping it takes."""
     import os
 
-    from resourced.exits import EXIT_NO_SUCH_CLAIM, GpuctlError
+    from resourced.exits import EXIT_NO_SUCH_CLAIM, EXIT_NOT_YOURS, GpuctlError
 
+    mine = uid is None
     uid = os.getuid() if uid is None else uid
     with client(bus) as c:
         state = c.status()
         booked = c.bookings(all_users=True)
-    names = [s["session"] for s in session_list(
-        [c for c in state["claims"] if c["uid"] == uid],
-        [b for b in booked if b["state"] != "ended" and b["uid"] == uid]) if s["session"]]
+    live = session_list(state["claims"], [b for b in booked if b["state"] != "ended"])
+    others = [s for s in live if s["session"] == session and s["uid"] != uid]
+    if mine and others:
+        held = "; ".join(f"{s['user']}'s ({len(s['claims'])} claim(s), "
+                         f"{len(s['bookings'])} booking(s))" for s in others)
+        raise GpuctlError(
+            f"session {session!r} is {held}, not yours: stopping another user's session "
+            f"needs the administrators' manage right (gpuctl stop --session {session} "
+            f"--user {others[0]['user']} --reason WHY)", EXIT_NOT_YOURS)
+    names = [s["session"] for s in live if s["uid"] == uid and s["session"]]
     listed = ", ".join(names) if names else "none holds anything now"
     raise GpuctlError(f"no session {session!r} holds anything (sessions: {listed}; "
                       "gpuctl sessions)", EXIT_NO_SUCH_CLAIM)

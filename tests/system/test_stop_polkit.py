@@ -19,7 +19,7 @@ from .conftest import BUS_NAME, MANAGER_IFACE, MANAGER_PATH, ok, refused
 pytestmark = pytest.mark.usefixtures("clean_claims")
 
 INTERACTIVE = "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired"
-EXIT_USAGE, EXIT_ACCESS_DENIED = 2, 8
+EXIT_USAGE, EXIT_NO_SUCH_CLAIM, EXIT_NOT_YOURS, EXIT_ACCESS_DENIED = 2, 6, 7, 8
 
 
 def claim(rig, key: str, session: str) -> str:
@@ -54,6 +54,17 @@ def test_nobody_stops_another_users_session_without_the_administrators_right(rig
     result = rig.call(key, "Stop", "a{sv}", ({"UID": ("u", uid), "Reason": ("s", "x")},))
     assert result.get("error") == INTERACTIVE, result  # manage is auth_admin_keep: a challenge
     assert ref in claims(rig)
+
+
+def test_another_users_session_named_alone_is_said_to_be_theirs(rig):
+    ref = claim(rig, "alice", "lab-agents")
+    cp = rig.gpuctl("dave", "stop", "--session", "lab-agents")
+    refused(cp, EXIT_NOT_YOURS)
+    assert f"session 'lab-agents' is {rig.login('alice')}'s (1 claim(s), 0 booking(s)), " \
+        "not yours" in cp.stderr
+    assert f"--user {rig.login('alice')} --reason" in cp.stderr
+    assert ref in claims(rig)
+    refused(rig.gpuctl("dave", "stop", "--session", "lab-agentz"), EXIT_NO_SUCH_CLAIM)
 
 
 def test_an_administrator_stops_all_of_a_users_sessions_with_a_reason(rig):
