@@ -41,6 +41,13 @@ class GpuReport:
     detail: str = ""
 
 
+def _waited_for(ledger: Ledger, claim, uuid: str) -> bool:
+    """Whether the booking an overdue claim was granted until waits for GPU ``uuid``
+    (a booking's claim waits for exactly its GPUs; one no longer known: say so)."""
+    booking = ledger.claims.get(claim.until_booking)
+    return booking is None or uuid in booking.on
+
+
 def verify(
     ledger: Ledger,
     seen: Mapping[str, Sequence[SeenProcess]] | None,
@@ -62,7 +69,8 @@ def verify(
                                      detail="the driver does not report this GPU"))
             continue
         procs = tuple(seen[gpu.uuid])
-        overdue = [c for c in ledger.claims_on(gpu.uuid) if c.overdue]
+        overdue = [c for c in ledger.claims_on(gpu.uuid) if c.overdue
+                   and _waited_for(ledger, c, gpu.uuid)]
         detail = ""
         if not claimants:
             status = UNCLAIMED_USE if procs else OK

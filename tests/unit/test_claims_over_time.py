@@ -690,3 +690,19 @@ ClaimsOverTime.TestCase.settings = settings(
     max_examples=200, stateful_step_count=30, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 TestClaimsOverTime = ClaimsOverTime.TestCase
+
+
+def test_verify_marks_overdue_only_the_gpus_the_booking_waits_for():
+    from resourced.core.verify import IDLE_CLAIM, OVERDUE, verify
+
+    ledger, cal = ledger_and_calendar(3)
+    b = book(cal, booking_request(gpus=2, at=H), "b1")
+    c1 = grant(ledger, claim_request(gpus=3), "c1")          # all three, until b1
+    assert c1.until_booking == "b1"
+    events, _ = cal.due(NOW + H)
+    start(ledger, events[0].booking, NOW + H)
+    ledger.overdue("c1")
+    seen = {u: () for u in ledger.gpus}
+    statuses = {r.uuid: r.status for r in verify(ledger, seen)}
+    assert statuses == {uuid(0): OVERDUE, uuid(1): OVERDUE, uuid(2): IDLE_CLAIM}
+    assert set(b.gpus) == {uuid(0), uuid(1)}
