@@ -9,7 +9,7 @@ visible here, or in a container started by nobody's claim) is *ambiguous*: repor
 such, never guessed.
 """
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .claims import Claim, ProcessRef
@@ -63,23 +63,36 @@ def descendants(table: Mapping[int, ProcInfo], roots: Iterable[ProcessRef],
     return found
 
 
-def claim_processes(claims: Iterable[Claim]) -> dict[ProcessRef, str]:
-    """The claims' own processes (owners and members), mapped to the claim's id."""
-    return {ref: claim.id for claim in claims for ref in claim.processes()}
+def claim_processes(claims: Iterable[Claim]) -> dict[ProcessRef, tuple[str, ...]]:
+    """The claims' own processes (owners and members), each mapped to the claims it is
+    one of: a claim it owns first, then those that adopted it as a member."""
+    claims = list(claims)
+    found: dict[ProcessRef, tuple[str, ...]] = {}
+    for claim in claims:
+        if claim.owner_alive:
+            found[claim.owner] = (*found.get(claim.owner, ()), claim.id)
+    for claim in claims:
+        for ref in claim.members - {claim.owner}:
+            found[ref] = (*found.get(ref, ()), claim.id)
+    return found
 
 
-def attribute(chain: Sequence[ProcInfo], owned: Mapping[ProcessRef, str],
-              started_for: str = "") -> Attribution:
-    """Attribute a process from its ancestry (itself first, then its parent, up to init):
-    it belongs to the first claim whose process is on that chain, in a container too (the
-    chain is ours, whatever the container numbers it).  Else, one in a container belongs
-    to the claim it was ``started_for`` (its environment names a live claim of its user),
-    or is ambiguous."""
+def attribute(chain: Sequence[ProcInfo], owned: Mapping[ProcessRef, tuple[str, ...]],
+              started_for: str = "", holders: Collection[str] = ()) -> Attribution:
+    """Attribute a process from its ancestry (itself first, then its parent, up to init).
+
+    It belongs to every claim one of whose processes is on that chain, in a container too
+    (the chain is ours, whatever the container numbers it); on a GPU it is the claim's
+    among them that holds the GPU (``holders``), else the nearest (a claim it owns before
+    one that adopted it).  So a process that owns claim A, below a shell that owns claim
+    B, is A's on A's GPUs and B's on B's: ``gpuctl verify`` and release's check both ask
+    this.  Else, one in a container belongs to the claim it was ``started_for`` (its
+    environment names a live claim of its user), or is ambiguous."""
     if not chain:
         return Attribution(ambiguous="not visible here: another pid namespace, or already gone")
-    for info in chain:
-        if info.ref in owned:
-            return Attribution(claim_id=owned[info.ref])
+    mine = [claim_id for info in chain for claim_id in owned.get(info.ref, ())]
+    if mine:
+        return Attribution(claim_id=next((c for c in mine if c in holders), mine[0]))
     if chain[0].nested_namespace:
         if started_for:
             return Attribution(claim_id=started_for)

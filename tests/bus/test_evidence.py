@@ -378,6 +378,25 @@ def test_a_child_of_the_owner_on_the_claims_gpu_is_the_claims(start_daemon, sim,
         (child, ref, "", "sleep 30")]
 
 
+def test_verify_and_release_agree_on_a_process_of_two_claims(start_daemon, sim, procs):
+    """A process that owns claim A, below a shell that owns claim B: it is A's on A's GPU
+    for verify (OK, not FOREIGN PROCESS) and for A's release (refused: still in use), and
+    B's release is not held back by it."""
+    start_daemon(gpus=sim.path)
+    shell, child = procs.shell(f"{ORPHAN_SLEEP}; read line")
+    inner = claim(child)
+    outer = claim(shell.pid)  # after: the shell's claim adopts the child too
+    eventually(lambda: child in member_pids(outer), timeout=4)
+    sim.put(gpu_of(inner), child)
+
+    code, data = verify()
+    gpu = report(data, f"gpu{gpu_of(inner)}")
+    assert (code, gpu["status"], gpu["processes"][0]["claim"]) == (0, "OK", inner)
+    refused = gpuctl("release", "--allocation", inner)
+    assert refused.returncode == 9 and f"pid {child}" in refused.stderr
+    assert gpuctl("release", "--allocation", outer).returncode == 0
+
+
 def test_a_member_reparented_to_init_stays_the_claims(start_daemon, sim, procs):
     """The owner shell runs a shell that starts a sleep; that middle shell exits, so the
     sleep is re-parented; later the owner exits too. The sleep stays the claim's."""

@@ -77,12 +77,19 @@ def test_descendants_of_an_empty_table_are_none():
 def test_claim_processes_are_owners_and_members_by_claim():
     c1 = claim("c1", ref(11), members=[ref(13)])
     c2 = claim("c2", ref(20))
-    assert claim_processes([c1, c2]) == {ref(11): "c1", ref(13): "c1", ref(20): "c2"}
+    assert claim_processes([c1, c2]) == {ref(11): ("c1",), ref(13): ("c1",), ref(20): ("c2",)}
 
 
 def test_a_dead_owner_is_not_a_claim_process_but_its_members_are():
     c = claim("c1", ref(11), members=[ref(13), ref(14)], owner_alive=False)
-    assert claim_processes([c]) == {ref(13): "c1", ref(14): "c1"}
+    assert claim_processes([c]) == {ref(13): ("c1",), ref(14): ("c1",)}
+
+
+def test_a_process_of_two_claims_is_listed_with_the_one_it_owns_first():
+    outer = claim("outer", ref(11), members=[ref(12), ref(13)])  # a shell, and what it ran
+    inner = claim("inner", ref(12), members=[ref(13)])  # its child, owning a claim of its own
+    assert claim_processes([outer, inner]) == {
+        ref(11): ("outer",), ref(12): ("inner", "outer"), ref(13): ("outer", "inner")}
 
 
 def test_no_claims_have_no_processes():
@@ -103,6 +110,21 @@ def chain(tab: dict[int, ProcInfo], pid: int) -> list[ProcInfo]:
 
 def who(tab, pid, *claims) -> Attribution:
     return attribute(chain(tab, pid), claim_processes(claims))
+
+
+def test_a_process_of_two_claims_is_the_one_whose_gpu_it_runs_on():
+    """The same attribution for verify and a release's check: a process that owns a claim
+    below a shell that owns another is the first claim's on its GPUs, the shell's on the
+    shell's, and the one it owns elsewhere."""
+    tab = table(proc(1, 0), proc(11, 1), proc(12, 11), proc(13, 12))
+    outer = claim("outer", ref(11), members=[ref(12), ref(13)])
+    inner = claim("inner", ref(12), members=[ref(13)])
+    owned = claim_processes([outer, inner])
+    for pid in (12, 13):
+        assert attribute(chain(tab, pid), owned, holders={"inner"}).claim_id == "inner"
+        assert attribute(chain(tab, pid), owned, holders={"outer"}).claim_id == "outer"
+    assert attribute(chain(tab, 12), owned).claim_id == "inner"  # the claim it owns
+    assert attribute(chain(tab, 11), owned, holders={"inner"}).claim_id == "outer"
 
 
 def test_the_owner_a_child_and_a_grandchild_are_attributed():

@@ -5,6 +5,7 @@ and idle claims, ``verify``."""
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from resourced.core.attribution import attribute, children_of, claim_processes, descendants
@@ -94,20 +95,13 @@ class Tracker:
         self.saw(evidence)
         if any(c.job for c in self.engine.ledger.claims.values()):  # a step may have begun since
             self.adopt(*await self.engine.off_loop(_table_and_steps))  # the last sweep
-        pids = [p.pid for procs in (evidence.processes or {}).values() for p in procs]
-        uids = {c.id: c.uid for c in self.engine.ledger.claims.values()}
-        chains, details = await self.engine.off_loop(_observe, pids, uids)
-        owned = claim_processes(self.engine.ledger.claims.values())
         seen = None
         if evidence.known:
-            seen = {}
-            for uuid, procs in evidence.processes.items():
-                seen[uuid] = []
-                for p in procs:
-                    uid, user, command, container, started_for = details[p.pid]
-                    who = attribute(chains[p.pid], owned, started_for)
-                    seen[uuid].append(SeenProcess(p.pid, p.used_memory_bytes, uid, user, command,
-                                                  who.claim_id, who.ambiguous, container))
+            details, who = await self.attributed(evidence.processes)
+            seen = {uuid: [SeenProcess(p.pid, p.used_memory_bytes, *details[p.pid][:3],
+                                       who[uuid, p.pid].claim_id, who[uuid, p.pid].ambiguous,
+                                       details[p.pid][3]) for p in procs]
+                    for uuid, procs in evidence.processes.items()}
         missing = [(e.uuid, e.alias or "", e.index if e.index is not None else -1)
                    for e in self.engine.missing]
         return verify(self.engine.ledger, seen, evidence.reason, missing)
@@ -174,14 +168,27 @@ class Tracker:
         """The pids on the claim's GPUs that are the claim's own (empty if unknown)."""
         if not evidence.known:
             return []
-        listed = {p.pid for uuid in claim.gpus for p in evidence.processes.get(uuid, [])}
-        if not listed:
+        on = {u: evidence.processes.get(u, []) for u in claim.gpus}
+        if not any(on.values()):
             return []  # the common case: nothing to attribute, no /proc to read
-        chains, details = await self.engine.off_loop(_observe, sorted(listed),
-                                                     {claim.id: claim.uid})
-        owned = claim_processes([claim])
-        return [pid for pid, chain in chains.items()
-                if attribute(chain, owned, details[pid][4]).claim_id == claim.id]
+        _, who = await self.attributed(on)
+        return sorted({pid for (_, pid), found in who.items() if found.claim_id == claim.id})
+
+    async def attributed(self, processes: Mapping[str, Sequence]) -> tuple[dict, dict]:
+        """The processes the driver reports on GPUs (uuid -> them), each attributed as
+        ``verify`` and a release's check both see it (``attribute``, with the GPU's
+        holders): (details by pid, {(uuid, pid): Attribution})."""
+        claims = self.engine.ledger.claims.values()
+        pids = sorted({p.pid for procs in processes.values() for p in procs})
+        chains, details = await self.engine.off_loop(_observe, pids,
+                                                     {c.id: c.uid for c in claims})
+        owned = claim_processes(claims)
+        who = {}
+        for uuid, procs in processes.items():
+            holders = {c.id for c in self.engine.ledger.claims_on(uuid)}
+            for p in procs:
+                who[uuid, p.pid] = attribute(chains[p.pid], owned, details[p.pid][4], holders)
+        return details, who
 
     async def _track(self) -> None:
         """While claims exist, adopt descendants, release claims of long-dead owners and
