@@ -258,7 +258,8 @@ def _keep_command(c, booking: dict, command: list[str]) -> dict:
         ensure_dir(directory)
         if load(directory, ref) is not None:  # an --op-id replayed: the first call's stays
             return booking
-        create(directory, new_job(ref, command, os.getcwd(), os.environ, c.bus, now_usec()))
+        create(directory, new_job(ref, command, os.getcwd(), os.environ, c.bus, now_usec(),
+                                  c.instance()))
     except (JobError, OSError) as exc:
         raise GpuctlError(f"booked {ref}, but cannot keep its command: {exc}; cancel it "
                           f"(gpuctl cancel {ref}) or book again") from None

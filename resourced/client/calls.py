@@ -268,6 +268,12 @@ class Calls(BookingCalls):
         return (yield self._get_property("FreeGPUs"))[0][1]
 
     @call
+    def instance(self) -> str:
+        """The daemon's identity (its ``Instance``): kept across its restarts, another for
+        every daemon; a booked command's job names it, and only its runner starts it."""
+        return (yield self._get_property("Instance"))[0][1]
+
+    @call
     def verify(self) -> list[dict]:
         """Per GPU: status (OK, IDLE CLAIM, UNCLAIMED USE, FOREIGN PROCESS, OVERDUE, MISSING,
         UNKNOWN), claim, processes (pid, user, command, claim, ambiguous, ...)."""

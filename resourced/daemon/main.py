@@ -51,6 +51,7 @@ from .self_check import diagnose
 from .shared_bus import SharedBus, SharedBusError, SharedBusTaken
 from .store.calendar import CalendarStore
 from .store.claims import ClaimStore
+from .store.instance import instance_id
 from .store.jsonlog import StoreBusy, StoreError
 from .store.usage import UsageStore
 
@@ -346,6 +347,7 @@ async def serve(args: argparse.Namespace) -> int:
             calendar = await open_store(lambda: CalendarStore(state),
                                         REPLACE_WAIT if args.replace else 0)
             usage = UsageStore(state)
+            instance = instance_id(state)
             clock, simulated = clock_from_env()
         except (StoreError, ValueError, OSError, sqlite3.Error) as exc:
             store.close()
@@ -379,7 +381,8 @@ async def serve(args: argparse.Namespace) -> int:
     manager = ManagerInterface(
         bus, engine, args.mode, health, reloader.reload,
         shared_access(shared) if shared else None, metrics,
-        lambda: diagnose(engine, {"runtime": runtime, "state": state}, len(config.gpus)))
+        lambda: diagnose(engine, {"runtime": runtime, "state": state}, len(config.gpus)),
+        instance)
     manager.export()
     engine.subscribe(textfile.changed)
     health.on_sample(textfile.write)

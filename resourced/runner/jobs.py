@@ -27,6 +27,7 @@ tests exercise it directly.
 """
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -100,6 +101,7 @@ class Job:
     cwd: str
     env: dict[str, str]
     bus: str = ""                 # the bus of the daemon the booking was made on
+    daemon: str = ""              # and that daemon's Instance: its runner's alone
     created_usec: int = 0
     state: str = PENDING
     pid: int = 0                  # the shim's (the process group's leader), once running
@@ -203,25 +205,26 @@ def ensure_dir(path: Path) -> Path:
     return path
 
 
-def runner_lock(directory: Path) -> Path:
-    """The file a runner holds locked (flock) while it runs: one runner per user."""
-    return directory / "runner.lock"
+def runner_lock(directory: Path, bus: str) -> Path:
+    """The file the runner for ``bus`` holds locked (flock) while it runs: one runner per
+    user and bus, so the session's daemon and the system's each have theirs."""
+    name = bus if bus in ("session", "system") else \
+        "bus-" + hashlib.sha256(bus.encode()).hexdigest()[:12]
+    return directory / f"runner-{name}.lock"
 
 
-def runner_is_running(directory: Path, bus: str | None = None) -> bool:
-    """Whether a runner holds the jobs directory's lock now (and, given ``bus``, runs for
-    that bus: its lock says ``PID BUS``; one runner serves one daemon)."""
+def runner_is_running(directory: Path, bus: str) -> bool:
+    """Whether a runner for ``bus`` holds its lock in the jobs directory now."""
     import fcntl
 
     try:
-        fd = os.open(runner_lock(directory), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(runner_lock(directory, bus), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        said = os.read(fd, 256).decode(errors="replace").split()
-        return bus is None or len(said) < 2 or said[1] == bus
+        return True
     finally:
         os.close(fd)
     return False
@@ -273,12 +276,13 @@ def job_ids(directory: Path) -> list[str]:
 
 
 def new_job(booking_id: str, argv: list[str], cwd: str, environ, bus: str,
-            now_usec: int) -> Job:
-    """A pending job for ``argv``, run in ``cwd`` with ``environ`` as kept_env keeps it."""
+            now_usec: int, daemon: str = "") -> Job:
+    """A pending job for ``argv``, run in ``cwd`` with ``environ`` as kept_env keeps it,
+    booked with the daemon ``daemon`` (its Instance) on ``bus``."""
     if not argv:
         raise JobError("no command given")
     return Job(booking=booking_id, argv=list(argv), cwd=cwd, env=kept_env(environ), bus=bus,
-               created_usec=now_usec)
+               daemon=daemon, created_usec=now_usec)
 
 
 def kept_env(environ) -> dict[str, str]:

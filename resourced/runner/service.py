@@ -23,6 +23,7 @@ It exits 1 only when it loses its bus connection (Restart=on-failure brings it b
 SIGTERM ends it at once, leaving the commands running.
 """
 
+import contextlib
 import logging
 import os
 import signal
@@ -62,6 +63,7 @@ class Runner:
         self.dir = directory if directory is not None else jobs_dir()
         self.environ = os.environ if environ is None else environ
         self.bus: str | None = None
+        self.instance = ""  # the daemon's Instance, once it has answered
         self.client = None
         self.records: dict[str, object] = {}   # booking id -> its record, or None: gone
         self.seen: dict[str, int] = {}          # booking id -> when first seen active
@@ -446,7 +448,19 @@ class Runner:
             return None
         if job is None or (job.bus and job.bus != self.bus):
             return None
+        if job.daemon and job.daemon != self._instance():
+            return None  # booked with another daemon on a bus of this kind
         return job
+
+    def _instance(self) -> str:
+        """The daemon's Instance ("" while it cannot be asked: then no job is taken for
+        another's, and none is left for good)."""
+        if not self.instance:
+            from resourced.errors import ResourcedError
+
+            with contextlib.suppress(ResourcedError, OSError):
+                self.instance = self.client.instance()
+        return self.instance
 
     def _store(self, job):
         from .jobs import save
@@ -461,17 +475,17 @@ class Runner:
 
         from .jobs import runner_lock
 
-        path = runner_lock(self.dir)
+        path = runner_lock(self.dir, self.bus)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             other = (os.read(fd, 256).decode(errors="replace").split() or ["?"])[0]
             os.close(fd)
-            raise GpuctlError(f"another runner is running for {self.dir} (pid {other})") \
-                from None
+            raise GpuctlError(f"another runner is running for the {self.bus} bus (pid {other}, "
+                              f"jobs in {self.dir})") from None
         os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()} {self.bus}\n".encode())  # runner_is_running reads both
+        os.write(fd, f"{os.getpid()}\n".encode())
         return fd
 
     def _connect(self):

@@ -450,3 +450,21 @@ def test_a_runner_with_no_bus_to_reach_says_which_why_and_what_to_do(tmp_path):
     assert r.returncode == 5, r.stderr
     assert "cannot reach the system bus (No such file or directory)" in r.stderr, r.stderr
     assert "start the daemon" in r.stderr and "[Errno" not in r.stderr
+
+
+def test_a_runner_leaves_alone_a_job_booked_with_another_daemon(job_env, out, clock,
+                                                                  tmp_path):
+    """Two daemons on buses of one kind (the demo's and the user's own, say) keep their
+    jobs apart: a job file naming another daemon is neither run nor marked missed."""
+    ours = book(job_env, out)
+    assert job_file(job_env, ours).daemon  # the daemon's Instance, as book wrote it
+    other = jobs.new_job("bzzzzzz", ["true"], str(tmp_path), {}, "session", 1,
+                         daemon="0123456789abcdef")
+    jobs.create(jobs.jobs_dir(job_env), other)
+    clock.set("2026-12-01T10:00:30Z")
+    with runner(job_env, tmp_path) as proc:
+        job_is(job_env, ours, "running")
+        (out / "release").write_text("0")
+        job_is(job_env, ours, "succeeded")
+    assert job_file(job_env, "bzzzzzz") == other  # untouched
+    assert "bzzzzzz" not in proc.log_path.read_text()

@@ -399,15 +399,19 @@ def test_the_shim_says_why_a_command_could_not_run(directory, tmp_path):
     assert "cannot run no-such-command-here" in jobs.read_log(directory / "b1x2y3z.log").decode()
 
 
-def test_the_runner_lock_is_seen(directory):
-    assert not jobs.runner_is_running(directory)
-    fd = os.open(jobs.runner_lock(directory), os.O_RDWR | os.O_CREAT, 0o600)
+def test_each_bus_has_its_runner_lock(directory):
+    """One runner per bus: a user's session daemon and the machine's system daemon each
+    have theirs, and a shared bus's (an address) its own."""
+    shared = "unix:path=/srv/lab/resourced/bus"
+    names = {jobs.runner_lock(directory, b).name for b in ("session", "system", shared)}
+    assert len(names) == 3 and "runner-session.lock" in names
+    assert not jobs.runner_is_running(directory, "session")
+    fd = os.open(jobs.runner_lock(directory, "session"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        assert jobs.runner_is_running(directory)
-        os.write(fd, b"4242 session\n")  # a runner for the session bus's daemon...
         assert jobs.runner_is_running(directory, "session")
-        assert not jobs.runner_is_running(directory, "system")  # ...starts no system job
+        assert not jobs.runner_is_running(directory, "system")  # its runner may start
+        assert not jobs.runner_is_running(directory, shared)
     finally:
         os.close(fd)
-    assert not jobs.runner_is_running(directory)
+    assert not jobs.runner_is_running(directory, "session")

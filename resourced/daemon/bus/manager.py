@@ -104,7 +104,8 @@ FEATURES = ["claims", "dev-claims", "verify", "health", "pools", "queue", "recla
 
 
 class ManagerInterface(Interface):
-    CONST_PROPERTIES = frozenset({"Version", "Mode", "Backend", "BackendNote", "Features", "NGPUs"})
+    CONST_PROPERTIES = frozenset({"Version", "Mode", "Instance", "Backend", "BackendNote",
+                                  "Features", "NGPUs"})
     OUT_NAMES = {
         "Claim": ("claim_id", "claim", "grant"),
         "GetClaim": ("claim",),
@@ -144,7 +145,8 @@ class ManagerInterface(Interface):
     }
 
     def __init__(self, bus, engine: Engine, mode: str, health: HealthMonitor, reload=None,
-                 shared: SharedAccess | None = None, metrics=None, diagnose=None):
+                 shared: SharedAccess | None = None, metrics=None, diagnose=None,
+                 instance: str = ""):
         super().__init__(MANAGER_IFACE)
         self.engine = engine
         self.mode = mode
@@ -165,6 +167,7 @@ class ManagerInterface(Interface):
         self._totals = Throttle(self.signals.announce_totals)
         self._users: dict[int, UserInterface] = {}  # per-user signal objects, made when needed
         self._texts = BookingTexts()
+        self.instance = instance  # this daemon's identity (resourced.daemon.store.instance)
         self.view = StateView(engine, mode, health)
 
     def _bind(self, bus) -> None:
@@ -596,6 +599,10 @@ class ManagerInterface(Interface):
     @dbus_property(access=R)
     def Mode(self) -> "s":
         return self.mode
+
+    @dbus_property(access=R)
+    def Instance(self) -> "s":
+        return self.instance
 
     @dbus_property(access=R)
     def Backend(self) -> "s":
