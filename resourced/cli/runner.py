@@ -8,7 +8,7 @@ import click
 
 from resourced.exits import EXIT_NO_SUCH_CLAIM, GpuctlError
 
-from ._options import Duration, bus_option
+from ._options import Duration, bus_option, client
 
 
 @click.command()
@@ -50,7 +50,7 @@ def logs(ref, follow):
 
     Job files and logs are in your own state directory ($XDG_STATE_HOME/resourced/jobs),
     so only you can read yours. A log keeps the last 5 to 10 MiB of output. Exit 6 if
-    REF has no command.
+    REF has no command here, 7 if it is another user's booking.
 
     Example: gpuctl logs b3x9k2q --follow
     """
@@ -62,10 +62,7 @@ def logs(ref, follow):
     except JobError as exc:
         raise GpuctlError(str(exc)) from None
     if job is None:
-        known = job_ids(directory) if directory.is_dir() else []
-        listed = (f"those with one: {', '.join(known[-10:])}" if known else "none has one yet")
-        raise GpuctlError(f"no command for {ref} ({listed}; gpuctl book ... -- COMMAND gives "
-                          "a booking one)", EXIT_NO_SUCH_CLAIM)
+        _not_here(ref, job_ids(directory) if directory.is_dir() else [])
     out = click.get_binary_stream("stdout")
 
     def write(data: bytes) -> None:
@@ -76,6 +73,26 @@ def logs(ref, follow):
     if not shown and not follow:
         click.echo(f"gpuctl: {ref}: no output yet (the job is {job.state})", err=True)
     return 0
+
+
+def _not_here(ref: str, known: list[str]) -> None:
+    """No job file of ``ref`` here: another user's booking is not yours (exit 7), since
+    its command's output is kept where only its owner reads it; else exit 6, listing the
+    bookings that have a command here."""
+    from resourced.errors import ResourcedError
+    from resourced.exits import EXIT_NOT_YOURS
+
+    booking = None
+    with contextlib.suppress(ResourcedError, OSError):
+        with client(None) as c:
+            booking = c.booking(ref)
+    if booking is not None and booking["uid"] != os.getuid():
+        raise GpuctlError(f"booking {ref} is {booking['user']}'s, not yours: its command's "
+                          "output is kept in their own state directory, which only they "
+                          "can read", EXIT_NOT_YOURS)
+    listed = (f"those with one: {', '.join(known[-10:])}" if known else "none has one yet")
+    raise GpuctlError(f"no command for {ref} ({listed}; gpuctl book ... -- COMMAND gives "
+                      "a booking one)", EXIT_NO_SUCH_CLAIM)
 
 
 def print_log(directory, ref: str, write, follow: bool, poll: float = 0.2) -> bool:

@@ -108,3 +108,11 @@ def test_only_administrators_block_time_and_post_notices(rig, key):
         refused(rig.gpuctl("alice", "book", "--gpus", 1, "--for", "30m", "--at", "+2h15m"), 3)
     ok(rig.gpuctl("carol", "blackout", "remove", blackout))
     assert json.loads(ok(rig.gpuctl(key, "blackout", "list", "--json"))) == []
+
+
+def test_the_logs_of_another_users_booking_are_said_to_be_theirs(rig):
+    ref = book(rig, "alice")
+    cp = rig.gpuctl("dave", "logs", ref)
+    refused(cp, EXIT_NOT_YOURS)
+    assert f"booking {ref} is {rig.login('alice')}'s, not yours" in cp.stderr
+    refused(rig.gpuctl("alice", "logs", ref), 6)  # hers, with no command: none to show
