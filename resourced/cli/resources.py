@@ -8,6 +8,7 @@ from resourced.exits import EXIT_USAGE, GpuctlError
 from resourced.protocol.names import JSON_SCHEMA
 
 from ._options import bus_option, echo_table, emit_json, json_option
+from .status import table
 
 COLUMNS = ("CHECK", "TYPE", "PATH", "LEVEL", "FREE", "TOTAL", "USED%", "LIMITS", "REASON")
 
@@ -29,12 +30,10 @@ def render_resources(health: dict) -> str:
         used = "-" if c["used_pct"] is None else f"{c['used_pct']:.1f}"
         rows.append((c["name"], c["type"], c["path"] or "-", c["level"], _bytes(c["free_bytes"]),
                      _bytes(c["total_bytes"]), used, _limits(c["limits"]), c["reason"]))
-    lines = []
     if len(rows) > 1:
-        widths = [max(len(str(r[i])) for r in rows) for i in range(len(COLUMNS))]
-        lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+        lines = table(rows)
     else:
-        lines.append("no checks configured ([[check]] in the config file)")
+        lines = ["no checks configured ([[check]] in the config file)"]
     lines.append(f"health: {health['level']}")
     return "\n".join(lines)
 

@@ -92,8 +92,21 @@ def render_status(data: dict, now: float) -> str:
 
 
 def table(rows) -> list[str]:
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    """Rows as aligned columns, by the width a terminal gives each text (a CJK character
+    or an emoji takes two cells, a combining mark none)."""
+    widths = [max(cells(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(str(v) + " " * (w - cells(str(v))) for v, w in zip(r, widths)).rstrip()
+            for r in rows]
+
+
+def cells(text: str) -> int:
+    """How many terminal cells ``text`` takes."""
+    if text.isascii():
+        return len(text)
+    import unicodedata
+
+    return sum(0 if unicodedata.combining(ch) else
+               2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
 
 
 def _bytes(n: int) -> str:

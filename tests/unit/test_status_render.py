@@ -31,3 +31,15 @@ def test_thousands_are_named_up_to_a_few_and_counted():
     assert f"... and {2_000 - MAX_WAITERS} more waiting (gpuctl queue lists them all)" in text
     assert len(text.splitlines()) < 40
     assert max(len(line) for line in text.splitlines()) < 200
+
+
+def test_columns_stay_aligned_with_wide_characters():
+    """A label in CJK or with an emoji takes two cells a character on a terminal."""
+    from resourced.cli.status import cells, table
+
+    rows = [("LABEL", "GPU"), ("训练", "gpu0"), ("🚀 run", "gpu1"), ("plain", "gpu2"),
+            ("café", "gpu3")]
+    lines = table(rows)
+    starts = {cells(line[:line.index("gpu")]) for line in lines[1:]}
+    assert starts == {cells("🚀 run") + 2}, lines  # one column start for every row
+    assert (cells("训练"), cells("🚀"), cells("cafe\u0301")) == (4, 2, 4)
