@@ -26,10 +26,11 @@ _AMOUNT = re.compile(
 )
 
 
-def parse_amount(text: str | int, *, allow_zero: bool = False) -> int:
+def parse_amount(text: str | int, *, allow_zero: bool = False, memory: bool = False) -> int:
     """The whole number ``text`` stands for; ``ValueError`` for garbage, negatives and zero.
 
-    ``allow_zero=True`` accepts ``"0"`` (and fractions that round down to 0).
+    ``allow_zero=True`` accepts ``"0"`` (and fractions that round down to 0); ``memory``
+    words the refusals for bytes, which take a unit (``parse_memory``).
     """
     if isinstance(text, bool) or not isinstance(text, (str, int)):
         raise ValueError(f"not an amount: {text!r}")
@@ -41,6 +42,8 @@ def parse_amount(text: str | int, *, allow_zero: bool = False) -> int:
             raise ValueError(f"must not be negative, not {text!r}")
         if m is None:
             raise ValueError(
+                f"not an amount: {text!r} (expected a number and a unit K, M, G, T or P, "
+                "like '24G' or '512M')" if memory else
                 f"not an amount: {text!r} (expected a number with an optional unit "
                 "K, M, G, T or P, like '64G' or '4096')"
             )
@@ -52,7 +55,8 @@ def parse_amount(text: str | int, *, allow_zero: bool = False) -> int:
     if value == 0 and not allow_zero:
         raise ValueError(f"must be greater than 0, not {text!r}")
     if value > MAX_AMOUNT:
-        raise ValueError(f"too large: {text!r} (at most {MAX_AMOUNT})")
+        most = f"{MAX_AMOUNT // UNITS['P']}P" if memory else str(MAX_AMOUNT)
+        raise ValueError(f"too large: {text!r} (at most {most})")
     return value
 
 
@@ -65,7 +69,7 @@ def parse_memory(value: str | int, name: str = "memory") -> int:
     an int is bytes, refused under 1 MiB, where it is surely megabytes or a slip."""
     if isinstance(value, str) and _BARE.fullmatch(value):
         raise ValueError(f"{_what(value.strip())} ({name} takes a unit)")
-    n = parse_amount(value)
+    n = parse_amount(value, memory=True)
     if isinstance(value, int) and n < MIB:
         raise ValueError(f"{_what(str(value))} ({name} as a number is bytes, at least 1 MiB)")
     return n

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from resourced.protocol.amounts import UNITS, format_bytes, parse_amount
+from resourced.protocol.amounts import UNITS, format_bytes, parse_amount, parse_memory
 
 K, M, G, T, P = (UNITS[u] for u in "KMGTP")
 
@@ -114,3 +114,14 @@ def test_format_never_shows_more_than_there_is(n):
     shown = parse_amount(format_bytes(n))
     assert shown <= n
     assert shown * 100 >= n * 99 - 100  # within 1% (and the byte a fraction loses)
+
+
+@pytest.mark.parametrize("text, said", [
+    ("1e30G", "expected a number and a unit K, M, G, T or P, like '24G' or '512M'"),
+    ("99999999P", "too large: '99999999P' (at most 8191P)"),
+])
+def test_memory_refusals_suggest_only_what_memory_takes(text, said):
+    """--vram refuses a bare number: its refusals never suggest one."""
+    with pytest.raises(ValueError) as refused:
+        parse_memory(text)
+    assert said in str(refused.value) and "'4096'" not in str(refused.value)
