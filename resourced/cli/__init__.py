@@ -130,6 +130,21 @@ def _after(rv, color, bus):
     return rv
 
 
+JSON_INSTEAD = {
+    "run": "it prints its command's output; the claim as JSON: gpuctl claim --json, then "
+           "gpuctl run --allocation REF",
+    "logs": "it prints the command's output; the job's state as JSON: gpuctl bookings REF "
+            "--json",
+    "shell": "it starts a shell; the claim's variables as JSON: gpuctl env REF --json",
+}
+"""For a command without --json: what it prints instead, and what gives JSON."""
+
+
+def _json_instead(command: str) -> str:
+    instead = JSON_INSTEAD.get(command)
+    return f" ({instead})" if instead else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     import sys
 
@@ -152,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except click.Abort:
         return failed("interrupted", EXIT_INTERRUPTED)
+    except click.NoSuchOption as exc:
+        hint = f" (see: {exc.ctx.command_path} --help)" if exc.ctx else ""
+        if exc.option_name == "--json" and exc.ctx:  # a command that answers no record
+            return failed(f"{exc.ctx.command_path} has no --json"
+                          f"{_json_instead(exc.ctx.command.name)}{hint}", EXIT_USAGE)
+        return failed(f"{exc.format_message()}{hint}", EXIT_USAGE)
     except click.UsageError as exc:
         hint = f" (see: {exc.ctx.command_path} --help)" if exc.ctx else ""
         return failed(f"{exc.format_message()}{hint}", EXIT_USAGE)

@@ -415,3 +415,19 @@ def test_every_error_class_is_named_as_its_code():
     assert [c.__name__ for c in classes if c.__name__ != c.code] == []
     assert errors.InvalidRequest is errors.InvalidArgs  # the earlier names still import
     assert errors.InteractionRequired is errors.InteractiveAuthorizationRequired
+
+
+def test_json_on_a_command_without_it_says_what_gives_json(capsys):
+    """gpuctl run --json suggested --session: a command that answers no record says so,
+    and names the command whose --json has what was wanted."""
+    from resourced.cli import JSON_INSTEAD, main
+
+    without = {path[-1] for path, command in commands()
+               if not any("--json" in p.opts for p in command.params
+                          if isinstance(p, click.Option))}
+    assert set(JSON_INSTEAD) <= without
+    for name, instead in JSON_INSTEAD.items():
+        assert main([name, "--json"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"gpuctl: gpuctl {name} has no --json ({instead})"), err
+        assert "Did you mean" not in err
