@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import pwd
+from dataclasses import replace
 from operator import attrgetter
 
 from resourced.config import DaemonConfig
@@ -76,7 +77,7 @@ class Bookings:
             request, self.engine.new_id("b"), caller.uid, user, self._booking_now(),
             "" if dry_run else op_id, session)
         if self._settle(events, [(booking.id, None)], dry_run):
-            return booking, "dry-run"
+            return replace(booking, id=""), "dry-run"  # no reference: nothing was booked
         return self.engine.calendar.bookings[booking.id], status
 
     def edit(self, caller: Caller, booking_id: str, request: BookingRequest,
