@@ -298,14 +298,20 @@ def test_an_unknown_bus_name_is_an_invalid_request(monkeypatch):
         Client()
 
 
+OBJECT_MANAGER = "org.freedesktop.DBus.ObjectManager"
+CLAIM_SIGNALS = {"InterfacesAdded", "InterfacesRemoved", "ClaimNew", "ClaimRemoved"}
+
+
 def test_claims_are_announced_by_claim_new_and_object_manager_signals(daemon):
-    """Object-manager clients watch the manager's path: a claim is InterfacesAdded there
-    just before ClaimNew and InterfacesRemoved just before ClaimRemoved, and
-    GetManagedObjects lists it with its Claim interface."""
+    """Object-manager clients watch the manager's path (after GetManagedObjects, as such a
+    client starts): a claim is InterfacesAdded there just before ClaimNew and
+    InterfacesRemoved just before ClaimRemoved, and GetManagedObjects lists it with its
+    Claim interface."""
     async def scenario():
         listener = await Peer.connect(daemon.bus.address)
         caller = await Peer.connect(daemon.bus.address)
         await listener.subscribe(f"type='signal',sender='{NAME}'")
+        await listener.call("GetManagedObjects", interface=OBJECT_MANAGER)
         claim_id, path, _ = await caller.claim(1)
         managed = await caller.bus.call(Message(
             destination=NAME, path=MANAGER_PATH, interface="org.freedesktop.DBus.ObjectManager",
@@ -313,12 +319,45 @@ def test_claims_are_announced_by_claim_new_and_object_manager_signals(daemon):
         assert "org.resourced.Claim" in managed.body[0][path]
         await caller.ok("Release", "st", [claim_id, 0])
         await listener.wait_signal(manager_signal("ClaimRemoved"))
-        seen = [(m.member, m.path, m.body[0]) for m in listener.signals if m.member in
-                {"InterfacesAdded", "InterfacesRemoved", "ClaimNew", "ClaimRemoved"}]
+        seen = [(m.member, m.path, m.body[0]) for m in listener.signals
+                if m.member in CLAIM_SIGNALS]
         assert seen == [("InterfacesAdded", MANAGER_PATH, path),
                         ("ClaimNew", MANAGER_PATH, claim_id),
                         ("InterfacesRemoved", MANAGER_PATH, path),
                         ("ClaimRemoved", MANAGER_PATH, claim_id)]
+        listener.close()
+        caller.close()
+
+    run(scenario())
+
+
+def test_claim_objects_are_announced_only_while_an_object_manager_client_is_there(daemon):
+    """Until a connection has called GetManagedObjects, and once every one that did has
+    left, a claim and its release send ClaimNew and ClaimRemoved alone: InterfacesAdded
+    and InterfacesRemoved would reach no object-manager client."""
+    async def scenario():
+        listener = await Peer.connect(daemon.bus.address)
+        caller = await Peer.connect(daemon.bus.address)
+        await listener.subscribe(f"type='signal',sender='{NAME}'")
+
+        async def claim_and_release() -> list[str]:
+            listener.signals.clear()
+            claim_id, _, _ = await caller.claim(1)
+            await caller.ok("Release", "st", [claim_id, 0])
+            await listener.wait_signal(manager_signal("ClaimRemoved"))
+            return [m.member for m in listener.signals if m.member in CLAIM_SIGNALS]
+
+        assert await claim_and_release() == ["ClaimNew", "ClaimRemoved"]
+        manager = await Peer.connect(daemon.bus.address)
+        await manager.call("GetManagedObjects", interface=OBJECT_MANAGER)
+        assert await claim_and_release() == ["InterfacesAdded", "ClaimNew",
+                                             "InterfacesRemoved", "ClaimRemoved"]
+        manager.close()
+        for _ in range(50):  # until the daemon has heard from the bus that it left
+            if await claim_and_release() == ["ClaimNew", "ClaimRemoved"]:
+                break
+        else:
+            raise AssertionError("claim objects still announced after the client left")
         listener.close()
         caller.close()
 

@@ -77,6 +77,7 @@ from .describe import StateView
 from .errors import bus_errors
 from .gpu import GpuInterface
 from .health import CheckInterface
+from .departures import Departures
 from .held_calls import HeldCalls
 from .interface import Interface
 from .options import parse_options
@@ -172,8 +173,10 @@ class ManagerInterface(Interface):
 
     def _bind(self, bus) -> None:
         self.bus = bus
-        self.held = HeldCalls(bus, lambda claim_id: self.engine.withdraw(
+        self.departures = Departures(bus)
+        self.held = HeldCalls(self.departures, lambda claim_id: self.engine.withdraw(
             claim_id, "the caller waiting on it left the bus"))
+        self.managers_watching: set[str] = set()  # object-manager clients on the bus now
         self.authority = (GroupAuthority(bus, *self.shared) if self.shared
                           else Authority(bus, enabled=self.mode == "system"))
         self.credentials = Credentials(bus)
@@ -735,6 +738,9 @@ class ManagerInterface(Interface):
                 msg.member == "Introspect" and CLAIM_PREFIX.startswith(msg.path.rstrip("/") + "/")):
             for claim_id in self.engine.ledger.claims:
                 self._claim_object(claim_id)
+            if msg.member == "GetManagedObjects" and msg.sender not in self.managers_watching:
+                self.managers_watching.add(msg.sender)
+                self.departures.watch(msg.sender, self.managers_watching.discard)
         return False
 
 def _report(r: GpuReport, isolated: bool) -> dict:

@@ -74,13 +74,27 @@ class Signals:
 
     def claim_added(self, claim) -> None:
         """InterfacesAdded for a new claim, from its record: its object need not exist (an
-        interface made without ``__init__`` has the getters and none of dbus-fast's cost)."""
+        interface made without ``__init__`` has the getters and none of dbus-fast's cost).
+        Only while an object-manager client is on the bus (``claim_removed``)."""
         m = self.manager
+        if not m.managers_watching:
+            return
         iface = m._claims.get(claim.id)
         if iface is None:
             iface = ClaimInterface.__new__(ClaimInterface)
             iface.claim, iface.manager = claim, self
         m.bus.interfaces_added(claim_path(claim.id), {CLAIM_IFACE: property_values(iface)})
+
+    def claim_removed(self, claim) -> None:
+        """InterfacesRemoved for an ended claim, while an object-manager client is on the
+        bus.  Such a client learns the objects with GetManagedObjects first, so until one
+        has called it (and while none that did is still connected) a claim's
+        InterfacesAdded and InterfacesRemoved would reach nobody who needs them:
+        ``ClaimNew`` and ``ClaimRemoved`` say the same to everyone else.  That is two of
+        the eight messages of a claim and its release."""
+        m = self.manager
+        if m.managers_watching:
+            m.bus.interfaces_removed(claim_path(claim.id), (CLAIM_IFACE,))
 
     def publish(self, events: list[Event]) -> None:
         """Signals and PropertiesChanged for a batch of engine events, each once.
@@ -129,7 +143,7 @@ class Signals:
                     self.tell_waiter(claim, event.reason)
                 if iface is not None:
                     out.append((m.bus.unexport, claim_path(claim.id), iface, False))
-                out.append((m.bus.interfaces_removed, claim_path(claim.id), (CLAIM_IFACE,)))
+                out.append((self.claim_removed, claim))
                 out.append((m.ClaimRemoved, claim.id, claim_path(claim.id), event.reason))
             elif claim.id not in m.engine.ledger.claims:
                 continue  # it ended in the same batch: no object speaks for it any more
