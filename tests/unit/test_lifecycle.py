@@ -123,3 +123,16 @@ def test_a_runner_cannot_move_a_command_back():
         cal.set_job("b1", ALICE, state)
     with pytest.raises(InvalidArgs, match="b1 is succeeded: it cannot become running"):
         cal.set_job("b1", ALICE, "running")
+
+
+def test_every_claim_event_has_its_signals_in_the_one_table():
+    """daemon/bus/signals.py ON_EVENT says what each engine event sends: a new event
+    without a row would be lost on the bus."""
+    from resourced.core import ledger
+    from resourced.daemon.bus.signals import CHANGED, ON_EVENT, Signals
+
+    events = {cls for cls in vars(ledger).values() if isinstance(cls, type)
+              and issubclass(cls, ledger._ClaimEvent) and cls is not ledger._ClaimEvent}
+    assert set(ON_EVENT) == events
+    assert {e for e, (handler, _) in ON_EVENT.items() if handler is Signals._changed} == \
+        set(CHANGED)

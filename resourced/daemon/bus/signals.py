@@ -122,61 +122,10 @@ class Signals:
         for event in events:
             claim = event.claim
             m.view.changed(claim.id)  # whatever the event, the record changed
-            if isinstance(event, ClaimQueued):  # its object is made when a call needs it
-                m._waiting.add(claim.id)
-                out.append((self.claim_added, claim))
-                out.append((m.ClaimNew, claim.id, claim_path(claim.id)))
-            elif isinstance(event, ClaimGranted) and claim.id not in m._waiting:
-                out.append((self.claim_added, claim))
-                out.append((m.ClaimNew, claim.id, claim_path(claim.id)))
-            elif isinstance(event, ClaimGranted):  # a waiter served: from its path, object or not
-                m._waiting.discard(claim.id)
-                self.tell_waiter(claim)  # (now: see above)
-                out.append((m.bus.emit, claim_path(claim.id), PROPERTIES_IFACE,
-                            "PropertiesChanged", "sa{sv}as", [CLAIM_IFACE, changed_values(
-                                ClaimInterface, {"State": claim.state,
-                                                 "GPUUUIDs": list(claim.gpus)}), []]))
-            elif isinstance(event, ClaimReleased):
-                iface = m._claims.pop(claim.id, None)
-                if claim.id in m._waiting:  # it left the queue ungranted
-                    m._waiting.discard(claim.id)
-                    self.tell_waiter(claim, event.reason)
-                if iface is not None:
-                    out.append((m.bus.unexport, claim_path(claim.id), iface, False))
-                out.append((self.claim_removed, claim))
-                out.append((m.ClaimRemoved, claim.id, claim_path(claim.id), event.reason))
-            elif claim.id not in m.engine.ledger.claims:
+            handler, needs_live_claim = ON_EVENT[type(event)]
+            if needs_live_claim and claim.id not in m.engine.ledger.claims:
                 continue  # it ended in the same batch: no object speaks for it any more
-            elif isinstance(event, OwnerDied):
-                out.append((m._claim_object(claim.id).emit_properties_changed,
-                            {"OwnerAlive": False}))
-            elif isinstance(event, MembersChanged):
-                out.append((m._claim_object(claim.id).emit_properties_changed,
-                            {"MemberPIDs": sorted(m.pid for m in claim.members)}))
-            elif isinstance(event, ReclaimAsked):
-                iface = m._claim_object(claim.id)
-                out.append((iface.emit_properties_changed, {"ReclaimRequested": True}))
-                out.append((iface.reclaim_requested, event.waiter.id, event.waiter.priority))
-            elif isinstance(event, ReclaimWithdrawn):
-                iface = m._claim_object(claim.id)
-                out.append((iface.emit_properties_changed, {"ReclaimRequested": False}))
-                out.append((iface.ReclaimWithdrawn,))
-            elif isinstance(event, UntilChanged):
-                out.append((m._claim_object(claim.id).emit_properties_changed,
-                            {"UntilUSec": claim.until_usec,
-                             "UntilBooking": claim.until_booking}))
-            elif isinstance(event, Relabelled):
-                out.append((m._claim_object(claim.id).emit_properties_changed,
-                            {"Label": claim.label}))
-            elif isinstance(event, StopAsked):
-                out.append((m._claim_object(claim.id).StopRequested, event.by, event.reason))
-            elif isinstance(event, ClaimEnding):
-                out.append((m._claim_object(claim.id).Ending, claim.until_usec,
-                            claim.until_booking))
-                if claim.mode == BOOKING and claim.id in m.engine.calendar.bookings:
-                    booking = m.engine.calendar.bookings[claim.id]
-                    out.append((m._user_object(claim.uid).BookingChanged, claim.id,
-                                "ending", m._record(booking)))
+            handler(self, event, out)
             if isinstance(event, (ClaimGranted, ClaimReleased)):
                 touched_gpus.update(claim.gpus)
                 touched_pools.update(name for name, _ in claim.demand.pools)
@@ -191,6 +140,64 @@ class Signals:
         if totals:
             out.append((self.announce_totals, totals))
         m.engine.after_reply(self._run_all, out)
+
+    # -- what each engine event says on the bus (ON_EVENT) -------------------------------
+    def _queued(self, event, out: list) -> None:  # its object is made when a call needs it
+        m, claim = self.manager, event.claim
+        m._waiting.add(claim.id)
+        out.append((self.claim_added, claim))
+        out.append((m.ClaimNew, claim.id, claim_path(claim.id)))
+
+    def _granted(self, event, out: list) -> None:
+        m, claim = self.manager, event.claim
+        if claim.id not in m._waiting:  # granted at once: new to everyone
+            out.append((self.claim_added, claim))
+            out.append((m.ClaimNew, claim.id, claim_path(claim.id)))
+            return
+        m._waiting.discard(claim.id)  # a waiter served: from its path, object or not
+        self.tell_waiter(claim)  # (now: see publish)
+        out.append((m.bus.emit, claim_path(claim.id), PROPERTIES_IFACE, "PropertiesChanged",
+                    "sa{sv}as", [CLAIM_IFACE, changed_values(
+                        ClaimInterface, {"State": claim.state,
+                                         "GPUUUIDs": list(claim.gpus)}), []]))
+
+    def _released(self, event, out: list) -> None:
+        m, claim = self.manager, event.claim
+        iface = m._claims.pop(claim.id, None)
+        if claim.id in m._waiting:  # it left the queue ungranted
+            m._waiting.discard(claim.id)
+            self.tell_waiter(claim, event.reason)
+        if iface is not None:
+            out.append((m.bus.unexport, claim_path(claim.id), iface, False))
+        out.append((self.claim_removed, claim))
+        out.append((m.ClaimRemoved, claim.id, claim_path(claim.id), event.reason))
+
+    def _changed(self, event, out: list) -> None:
+        """An event that changes properties of the claim's object (CHANGED says which)."""
+        out.append((self.manager._claim_object(event.claim.id).emit_properties_changed,
+                    CHANGED[type(event)](event.claim)))
+
+    def _reclaim_asked(self, event, out: list) -> None:
+        iface = self.manager._claim_object(event.claim.id)
+        out.append((iface.emit_properties_changed, {"ReclaimRequested": True}))
+        out.append((iface.reclaim_requested, event.waiter.id, event.waiter.priority))
+
+    def _reclaim_withdrawn(self, event, out: list) -> None:
+        iface = self.manager._claim_object(event.claim.id)
+        out.append((iface.emit_properties_changed, {"ReclaimRequested": False}))
+        out.append((iface.ReclaimWithdrawn,))
+
+    def _stop_asked(self, event, out: list) -> None:
+        out.append((self.manager._claim_object(event.claim.id).StopRequested, event.by,
+                    event.reason))
+
+    def _ending(self, event, out: list) -> None:
+        m, claim = self.manager, event.claim
+        out.append((m._claim_object(claim.id).Ending, claim.until_usec, claim.until_booking))
+        if claim.mode == BOOKING and claim.id in m.engine.calendar.bookings:
+            booking = m.engine.calendar.bookings[claim.id]
+            out.append((m._user_object(claim.uid).BookingChanged, claim.id, "ending",
+                        m._record(booking)))
 
     def tell_waiter(self, claim, left: str = "") -> None:
         """A waiting claim's outcome, its grant (or why it ``left`` the queue ungranted):
@@ -231,3 +238,40 @@ class Signals:
         """The calls ``_publish`` gathered, in order."""
         for fn, *args in calls:
             fn(*args)
+
+
+CHANGED = {
+    OwnerDied: lambda claim: {"OwnerAlive": False},
+    MembersChanged: lambda claim: {"MemberPIDs": sorted(m.pid for m in claim.members)},
+    UntilChanged: lambda claim: {"UntilUSec": claim.until_usec,
+                                 "UntilBooking": claim.until_booking},
+    Relabelled: lambda claim: {"Label": claim.label},
+}
+"""The Claim properties each property-only event changes, with their values now."""
+
+ON_EVENT = {  # event: (its handler, whether it speaks only while its claim lives)
+    ClaimQueued: (Signals._queued, False),
+    ClaimGranted: (Signals._granted, False),
+    ClaimReleased: (Signals._released, False),
+    OwnerDied: (Signals._changed, True),
+    MembersChanged: (Signals._changed, True),
+    UntilChanged: (Signals._changed, True),
+    Relabelled: (Signals._changed, True),
+    ReclaimAsked: (Signals._reclaim_asked, True),
+    ReclaimWithdrawn: (Signals._reclaim_withdrawn, True),
+    StopAsked: (Signals._stop_asked, True),
+    ClaimEnding: (Signals._ending, True),
+}
+"""Which engine event sends which signals, in one place (* to object-manager clients
+alone):
+
+- ClaimQueued, and ClaimGranted at once: InterfacesAdded*, ClaimNew;
+- ClaimGranted of a waiter: its kept call's reply or its Granted, then PropertiesChanged
+  (State, GPUUUIDs) from its path;
+- ClaimReleased: a waiter's error reply or Cancelled; InterfacesRemoved*, ClaimRemoved;
+- OwnerDied, MembersChanged, UntilChanged, Relabelled: PropertiesChanged (``CHANGED``);
+- ReclaimAsked, ReclaimWithdrawn: PropertiesChanged (ReclaimRequested) and the signal;
+- StopAsked: StopRequested; ClaimEnding: Ending, and a booking's BookingChanged "ending".
+
+Each GPU a grant or a release touched then says its State, ClaimID and VRAMUsedBytes,
+and the Manager its totals (at most every 50 ms)."""
