@@ -76,21 +76,13 @@ def claims(rig) -> dict[str, dict]:
     return {c["id"]: c for c in json.loads(ok(rig.gpuctl("root", "status", "--json")))["claims"]}
 
 
-def wait_for(predicate, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-    return value
-
-
 def test_an_outsiders_signals_leave_a_run_running(rig):
     run = subprocess.Popen([*rig._as_user("alice"), str(rig.venv / "bin/gpuctl"), "run",
                             "--session", "outsider", "--", "sleep", "30"],
                            env=rig.user_env(), cwd=rig.dir, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
-        [ref] = wait_for(lambda: list(claims(rig)))
+        [ref] = rig.wait_for(lambda: list(claims(rig)), 10, "the run's claim")
         assert forge_as_outsider(rig, ref) >= 1
         time.sleep(1)  # a forged stop ended the run within 0.25 s when it was obeyed
         assert run.poll() is None and ref in claims(rig)

@@ -281,7 +281,11 @@ venv_python, confine_py, ref, alice, alice_uid = sys.argv[1:6]
 as_user = lambda login: ["setpriv", f"--reuid={login}", f"--regid={login}", "--init-groups", "--"]
 victim = subprocess.Popen(["systemd-run", "--scope", "--quiet", f"--slice=user-{alice_uid}.slice",
                            "--", *as_user(alice), "sleep", "300"])
-time.sleep(0.3)  # in its scope, as alice
+deadline = time.monotonic() + 20
+while not (f"/user.slice/user-{alice_uid}.slice/" in open(f"/proc/{victim.pid}/cgroup").read()
+           and f"Uid:\t{alice_uid}\t" in open(f"/proc/{victim.pid}/status").read()):
+    assert time.monotonic() < deadline, "alice's process never ran in her slice"
+    time.sleep(0.01)
 caller = subprocess.Popen([*as_user(alice), venv_python, "-c", confine_py, ref, str(victim.pid)],
                           stdout=subprocess.PIPE, text=True)
 # The daemon has checked the pid once it asks for the helper, which starts slowly here.
