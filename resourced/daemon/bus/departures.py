@@ -20,9 +20,11 @@ class Departures:
         bus.add_message_handler(self._on_message)
 
     def watch(self, name: str, on_left: Callable[[str], None]) -> None:
-        """Call ``on_left(name)`` once the connection ``name`` has left the bus."""
+        """Call ``on_left(name)`` once the connection ``name`` has left the bus (once,
+        however often the same ``on_left`` is asked for)."""
         if name in self._watched:
-            self._watched[name].append(on_left)
+            if on_left not in self._watched[name]:
+                self._watched[name].append(on_left)
             return
         self._watched[name] = [on_left]
         self._bus.send(_driver_call("AddMatch", _left_rule(name)))

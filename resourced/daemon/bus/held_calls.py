@@ -26,7 +26,6 @@ class HeldCalls:
         self._withdraw = withdraw  # takes a claim whose caller left out of the queue
         self._calls: dict[str, tuple[Message, list[str]]] = {}  # claim -> call, warnings
         self._deciding: dict[tuple[str, int], asyncio.Future] = {}  # (sender, serial)
-        self._watched: set[str] = set()  # callers whose leaving the bus is heard of
 
     @contextlib.contextmanager
     def deciding(self, call: Message):
@@ -48,15 +47,12 @@ class HeldCalls:
     def hold(self, claim_id: str, call: Message, warnings: list[str]) -> None:
         """Keep ``call`` (and the ``warnings`` of its claiming) until ``claim_id``'s outcome."""
         self._calls[claim_id] = call, warnings
-        if call.sender not in self._watched:
-            self._watched.add(call.sender)
-            self._departures.watch(call.sender, self._left)
+        self._departures.watch(call.sender, self._left)
 
     def pop(self, claim_id: str) -> tuple[Message | None, list[str]]:
         """The call kept for ``claim_id`` and its warnings, no longer kept; (None, [])."""
         return self._calls.pop(claim_id, (None, []))
 
     def _left(self, sender: str) -> None:
-        self._watched.discard(sender)
         for claim_id in [c for c, (call, _) in self._calls.items() if call.sender == sender]:
             self._withdraw(claim_id)

@@ -738,7 +738,7 @@ class ManagerInterface(Interface):
                 msg.member == "Introspect" and CLAIM_PREFIX.startswith(msg.path.rstrip("/") + "/")):
             for claim_id in self.engine.ledger.claims:
                 self._claim_object(claim_id)
-            if msg.member == "GetManagedObjects" and msg.sender not in self.managers_watching:
+            if msg.member == "GetManagedObjects":
                 self.managers_watching.add(msg.sender)
                 self.departures.watch(msg.sender, self.managers_watching.discard)
         return False
