@@ -44,14 +44,18 @@ class Simulation:
         self.hang = 0.0
         self.write()
 
-    def write(self) -> None:
+    def data(self) -> dict:
+        """What the file says."""
         data = {"gpus": [{"index": i, "uuid": simulated_uuid(i),
                           "processes": [{"pid": p, "used_memory_mib": 512} for p in pids]}
                          for i, pids in sorted(self.gpus.items())]}
         if self.hang:
             data["hang_seconds"] = self.hang
+        return data
+
+    def write(self) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(data))
+        tmp.write_text(json.dumps(self.data()))
         os.replace(tmp, self.path)
 
     def put(self, index: int, *pids: int) -> None:

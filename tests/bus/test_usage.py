@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from resourced.protocol.amounts import format_bytes
 from resourced.client.sync import Client
+from resourced.protocol.amounts import format_bytes
 
 from ..conftest import eventually, gpuctl
 from .conftest import CLOCK_TIMEOUT
@@ -18,16 +18,17 @@ HOUR = 3600
 
 
 class LoadedSimulation(Simulation):
-    """The simulated driver, with a utilisation for every GPU."""
+    """The simulated driver, with a utilisation for every GPU (in the same one rename:
+    a file rewritten in place can be read half written, and a look that finds no answer
+    counts no use)."""
 
     utilization = 0
 
-    def write(self) -> None:
-        super().write()
-        data = json.loads(self.path.read_text())
+    def data(self) -> dict:
+        data = super().data()
         for gpu in data["gpus"]:
             gpu["utilization_pct"] = self.utilization
-        self.path.write_text(json.dumps(data))
+        return data
 
 
 @pytest.fixture
