@@ -14,7 +14,7 @@ import contextlib
 from jeepney.bus_messages import message_bus
 
 from . import connecting, steps, wire
-from .calls import Calls, Leased
+from .calls import DEFAULT_TIMEOUT, Calls, Leased
 
 __all__ = ["AsyncClient", "AsyncLease"]
 
@@ -55,6 +55,16 @@ class AsyncClient(Calls):
     @staticmethod
     def _entered(start):
         return _Entered(start)
+
+    @classmethod
+    def on(cls, router, bus: str, timeout: float = DEFAULT_TIMEOUT) -> "AsyncClient":
+        """The calls on ``router``, a jeepney asyncio router on ``bus`` that its caller
+        opened, listens on and closes (gpuctl notify's): it never connects, and ``close()``
+        leaves the router alone.  A call the connection's end cuts short raises jeepney's
+        ``RouterClosed``."""
+        client = cls(bus, timeout)
+        client._router, client.bus = router, bus
+        return client
 
     async def _connection(self):
         if self._router is None:

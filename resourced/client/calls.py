@@ -35,6 +35,7 @@ from resourced.protocol.names import (
     MANAGER_PATH,
     RELEASE_DRY_RUN,
     RELEASE_FORCE,
+    claim_path,
     no_session_bus,
     session_bus_missing,
 )
@@ -229,6 +230,14 @@ class Calls(BookingCalls):
                                          CLAIM_IFACE))[0][1]
 
     @call
+    def claim_properties(self, ref: str) -> dict:
+        """A live claim's properties (``org.resourced.Claim``, in one ``GetAll``) by their
+        bus names: ``UID``, ``Mode``, ``UntilUSec``...; ``NoSuchClaim`` once it is gone."""
+        from resourced.protocol.records import read
+
+        return read((), (yield self._get_all(claim_path(ref), CLAIM_IFACE))[0])
+
+    @call
     def allocation(self, ref: str, use_index: bool = False) -> dict:
         """A live claim by reference, in the same shape ``claim`` returns."""
         grant = (yield self._call("GetGrant", "s", (bus_string("reference", ref),)))[0]
@@ -411,6 +420,11 @@ class Calls(BookingCalls):
     def _get_property(name: str, path: str = MANAGER_PATH, interface: str = MANAGER_IFACE):
         props = DBusAddress(path, bus_name=BUS_NAME, interface="org.freedesktop.DBus.Properties")
         return _method_call(props, "Get", "ss", (interface, name))
+
+    @staticmethod
+    def _get_all(path: str = MANAGER_PATH, interface: str = MANAGER_IFACE):
+        props = DBusAddress(path, bus_name=BUS_NAME, interface="org.freedesktop.DBus.Properties")
+        return _method_call(props, "GetAll", "s", (interface,))
 
     # -- answers -----------------------------------------------------------------------
     @staticmethod

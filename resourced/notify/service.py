@@ -25,7 +25,9 @@ terminal ($TERMINAL, else ``x-terminal-emulator``, with ``-e``) running
 
 ``Bubbles`` is the pure part: given what is on screen and what the server can do, which
 ``Notify`` (with which actions) or ``CloseNotification`` to make, and what an invoked id
-opens.  ``Agent`` does the I/O, one message at a time, in order.
+opens.  ``Agent`` does the I/O, one message at a time, in order; it asks the daemon
+through the client (``AsyncClient.on`` its own connection), which builds each call and
+reads each record.
 It outlives both of its peers: when resourced goes and comes back (``NameOwnerChanged``)
 it re-reads the levels from ``Describe``; when the notification server is missing it logs,
 forgets the ids it held, and shows the current levels once a server appears (or at the
@@ -35,7 +37,6 @@ then one connection serves both.  It exits 1 only when it loses a bus connection
 """
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -159,11 +160,11 @@ def plain_words(label: str, level: str, reason: str) -> tuple[str, str]:
 
 
 def calendar_message(what: str, booking: dict, when: str, me: int) -> tuple[str, str, int] | None:
-    """(title, text, urgency) for a ``BookingChanged`` of ``booking`` (plain values: Id,
-    State, Ended, EndedBy, Reason, GPUIndices); ``when`` is its start or end in words;
-    None when it is not worth a bubble (created and changed: the user did it)."""
-    ref = booking["Id"]
-    gpus = ", ".join(f"gpu{i}" for i in booking.get("GPUIndices", [])) or "its pools"
+    """(title, text, urgency) for a ``BookingChanged`` of ``booking`` (as the client reads
+    a booking: id, ended, ended_by, reason, gpu_indices); ``when`` is its start or end in
+    words; None when it is not worth a bubble (created and changed: the user did it)."""
+    ref = booking["id"]
+    gpus = ", ".join(f"gpu{i}" for i in booking.get("gpu_indices", [])) or "its pools"
     if what == "started":
         return f"Booking {ref} has started", f"{gpus} are yours until {when}.", 1
     if what == "ending":
@@ -172,23 +173,23 @@ def calendar_message(what: str, booking: dict, when: str, me: int) -> tuple[str,
         return (f"Booking {ref} falls in a maintenance window",
                 ("An administrator blocked that time; the booking stays. See gpuctl blackout "
                  "list."), 1)
-    if what == "ended" and booking.get("Ended") == "no-show":
+    if what == "ended" and booking.get("ended") == "no-show":
         return (f"Booking {ref} was released: its GPUs were not used",
-                (f"{booking.get('Reason') or 'nothing of yours ran on them'}. Book again when "
+                (f"{booking.get('reason') or 'nothing of yours ran on them'}. Book again when "
                  "you are ready."), 2)
-    if what == "ended" and booking.get("EndedBy", -1) not in (-1, me):
-        reason = booking.get("Reason") or "no reason given"
+    if what == "ended" and booking.get("ended_by", -1) not in (-1, me):
+        reason = booking.get("reason") or "no reason given"
         return f"Booking {ref} was cancelled by an administrator", reason, 2
     return None
 
 
 def blackout_message(blackout: dict, refs: list[str], start: str, end: str
                      ) -> tuple[str, str, int]:
-    """(title, text, urgency) shortly before ``blackout`` (plain values: StartUSec,
-    EndUSec, Reason) begins over the user's bookings ``refs``; ``start`` and ``end`` are
-    its times in words."""
+    """(title, text, urgency) shortly before ``blackout`` (as the client reads one:
+    start_usec, end_usec, reason) begins over the user's bookings ``refs``; ``start`` and
+    ``end`` are its times in words."""
     which = f"Booking {refs[0]} falls" if len(refs) == 1 else f"Bookings {', '.join(refs)} fall"
-    reason = blackout.get("Reason") or "Maintenance"
+    reason = blackout.get("reason") or "Maintenance"
     return (f"Maintenance begins at {start}",
             f"{reason}, until {end}. {which} in it: save your work.", 1)
 
@@ -203,19 +204,19 @@ class Blackouts:
         self._warned: set[str] = set()
 
     def update(self, blackouts: list[dict], bookings: list[dict]) -> None:
-        """``blackouts`` as ``ListBlackouts`` gives them (plain values), ``bookings`` the
-        user's as ``ListBookings`` does."""
+        """``blackouts`` and the user's ``bookings`` as the client gives them
+        (``blackouts()``, ``bookings()``)."""
         live = [b for b in bookings if b["state"] in ("scheduled", "active")]
         self._coming = {}
         for x in blackouts:
             refs = [b["id"] for b in live
-                    if b["start_usec"] < x["EndUSec"] and x["StartUSec"] < b["end_usec"]]
+                    if b["start_usec"] < x["end_usec"] and x["start_usec"] < b["end_usec"]]
             if refs:
-                self._coming[x["Id"]] = (x, refs)
+                self._coming[x["id"]] = (x, refs)
         self._warned.intersection_update(self._coming)
 
     def _warn_at(self, blackout: dict) -> int:
-        return blackout["StartUSec"] - int(self.lead * 1_000_000)
+        return blackout["start_usec"] - int(self.lead * 1_000_000)
 
     def next_due(self) -> int | None:
         """When the next warning is due (microseconds), None if none is."""
@@ -229,9 +230,9 @@ class Blackouts:
             if blackout_id in self._warned or now < self._warn_at(x):
                 continue
             self._warned.add(blackout_id)
-            if now < x["StartUSec"]:
+            if now < x["start_usec"]:
                 out.append((x, refs))
-        return sorted(out, key=lambda item: item[0]["StartUSec"])
+        return sorted(out, key=lambda item: item[0]["start_usec"])
 
 
 class Bubbles:
@@ -434,7 +435,10 @@ class Agent:
     def __init__(self, daemon_router, notify_router, bus: str, launcher: Launcher | None = None):
         import asyncio
 
+        from resourced.client.aio import AsyncClient
+
         self.daemon = daemon_router
+        self.client = AsyncClient.on(daemon_router, bus, CALL_TIMEOUT)  # the daemon's calls
         self.notifications = notify_router
         self.bus = bus
         self.bubbles = Bubbles()
@@ -456,10 +460,10 @@ class Agent:
     async def start(self) -> None:
         """Subscribe first, then read the state, so no change falls in between."""
         from resourced.client import signals
-        from resourced.protocol.names import BUS_NAME, MANAGER_IFACE, MANAGER_PATH
+        from resourced.client.calls import LEVEL_CHANGES
+        from resourced.protocol.names import BUS_NAME
 
-        daemon = await self._listen(self.daemon, [
-            signals.rule(MANAGER_IFACE, "LevelChanged", MANAGER_PATH), *_calendar_rules()])
+        daemon = await self._listen(self.daemon, [LEVEL_CHANGES, *_calendar_rules()])
         await self._listen(self.notifications, [
             signals.rule(NOTIFICATIONS, member, NOTIFICATIONS_PATH, sender=NOTIFICATIONS)
             for member in ("NotificationClosed", "ActionInvoked", "ActivationToken")],
@@ -605,7 +609,7 @@ class Agent:
 
     async def calendar_signal(self, member: str, body: tuple, path: str) -> None:
         """A bubble for a calendar signal that concerns this user."""
-        from resourced.client.bookings import local_now
+        from resourced.client.bookings import local_now, record
         from resourced.protocol.when import format_when, moment
 
         now = local_now()
@@ -615,11 +619,11 @@ class Agent:
                 _, text = body
                 title, urgency = "Notice from the administrators", 1
             elif member == "BookingChanged":
-                _, what, record = body
-                plain = _values(record)
-                at = plain["StartUSec"] if what == "started" else plain["EndUSec"]
-                message = calendar_message(what, plain, format_when(moment(at, now.tzinfo), now),
-                                           os.getuid())
+                _, what, data = body
+                booking = record(data)
+                at = booking["start_usec"] if what == "started" else booking["end_usec"]
+                message = calendar_message(what, booking,
+                                           format_when(moment(at, now.tzinfo), now), os.getuid())
                 if message is None:
                     return
                 title, text, urgency = message
@@ -647,8 +651,8 @@ class Agent:
         now = now_usec()
         for blackout, refs in self.blackouts.due(now):
             title, text, urgency = blackout_message(
-                blackout, refs, local_text(blackout["StartUSec"], now),
-                local_text(blackout["EndUSec"], now))
+                blackout, refs, local_text(blackout["start_usec"], now),
+                local_text(blackout["end_usec"], now))
             await self._calendar_bubble(title, text, urgency, BOOKINGS)
         self._rescheduled.set()
 
@@ -669,40 +673,31 @@ class Agent:
     async def _claim_to_tell(self, path: str) -> bool:
         """Whether the claim at ``path`` is mine and not a booking's (a booking's end
         comes as its ``BookingChanged`` "ending": one bubble, not two)."""
-        from jeepney import DBusAddress, new_method_call
-
         from resourced.core.claims import BOOKING
-        from resourced.protocol.names import BUS_NAME, CLAIM_IFACE
+        from resourced.errors import ResourcedError
+        from resourced.protocol.names import CLAIM_PREFIX
 
-        props = DBusAddress(path, bus_name=BUS_NAME, interface="org.freedesktop.DBus.Properties")
-        reply = await self._call(self.daemon, new_method_call(props, "GetAll", "s",
-                                                              (CLAIM_IFACE,)))
-        if _error_name(reply):
+        if not path.startswith(CLAIM_PREFIX):
             return False
-        claim = _values(reply.body[0])
+        try:
+            claim = await self._daemon(self.client.claim_properties(path[len(CLAIM_PREFIX):]))
+        except ResourcedError:
+            return False
         return claim.get("UID") == os.getuid() and claim.get("Mode") != BOOKING
 
     # -- talking to the daemon ---------------------------------------------------------
     async def describe_health(self) -> list[dict] | None:
         """The daemon's checks (``Describe``'s ``health.checks``); None if it did not say."""
-        from jeepney import DBusAddress, new_method_call
+        from resourced.errors import ResourcedError
+        from resourced.protocol.names import BUS_NAME
 
-        from resourced.protocol.names import BUS_NAME, MANAGER_IFACE, MANAGER_PATH
-
-        manager = DBusAddress(MANAGER_PATH, bus_name=BUS_NAME, interface=MANAGER_IFACE)
-        reply = await self._call(self.daemon, new_method_call(manager, "Describe"))
-        error = _error_name(reply)
-        if error:
-            log.warning("cannot read the levels from %s: %s %s", BUS_NAME, error,
-                        reply.body[0] if reply.body else "")
-            return None
         try:
-            described = json.loads(reply.body[0])
+            described = await self._daemon(self.client.status())
             health = described.get("health") or {}
             checks = [c for c in health.get("checks", []) if isinstance(c.get("name"), str)]
             limits = described.get("limits") or {}
             self.blackouts.lead = float(limits.get("warn_before", DaemonConfig.warn_before))
-        except (ValueError, AttributeError, IndexError, TypeError) as exc:
+        except (ResourcedError, ValueError, AttributeError, IndexError, TypeError) as exc:
             log.warning("cannot read the levels from %s: %s", BUS_NAME, exc)
             return None
         self.bubbles.labels = {c["name"]: check_label(c["name"], c.get("type"), c.get("path"))
@@ -715,26 +710,34 @@ class Agent:
 
     async def read_blackouts(self) -> None:
         """Read the blackouts and my bookings: which blackouts to warn of, and when."""
-        from jeepney import DBusAddress, new_method_call
+        from resourced.errors import ResourcedError
+        from resourced.protocol.names import BUS_NAME
 
-        from resourced.protocol.names import BUS_NAME, MANAGER_IFACE, MANAGER_PATH
-
-        manager = DBusAddress(MANAGER_PATH, bus_name=BUS_NAME, interface=MANAGER_IFACE)
         try:
-            blackouts = await self._call(self.daemon, new_method_call(manager, "ListBlackouts"))
-            bookings = await self._call(self.daemon, new_method_call(
-                manager, "ListBookings", "a{sv}", ({},)))
-            problem = _error_name(blackouts) or _error_name(bookings)
-            if problem is None:
-                self.blackouts.update(
-                    [_values(x) for x in blackouts.body[0]],
-                    json.loads(bookings.body[0]))
-        except (TimeoutError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            problem = str(exc) or type(exc).__name__
-        if problem is not None:
-            log.warning("cannot read the blackouts from %s: %s", BUS_NAME, problem)
+            blackouts = await self._daemon(self.client.blackouts())
+            bookings = await self._daemon(self.client.bookings())
+            self.blackouts.update(blackouts, bookings)
+        except (ResourcedError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("cannot read the blackouts from %s: %s", BUS_NAME,
+                        str(exc) or type(exc).__name__)
             return
         self._rescheduled.set()
+
+    async def _daemon(self, call):
+        """``call``, one of the client's on the daemon's connection, awaited: a lost
+        connection is ``BusLost``, the daemon's refusal its ``ResourcedError``."""
+        from jeepney.io.common import RouterClosed
+
+        from resourced.errors import DaemonUnreachable
+
+        try:
+            return await call
+        except (RouterClosed, EOFError) as exc:
+            raise BusLost(f"lost the connection to the {self.bus} bus") from exc
+        except DaemonUnreachable as exc:
+            if isinstance(exc.__cause__, ConnectionError):  # the client's words for it
+                raise BusLost(f"lost the connection to the {self.bus} bus") from exc
+            raise
 
     async def resync(self) -> None:
         """resourced (re)appeared: show what it says now."""
@@ -854,11 +857,6 @@ def _notifications():
     from jeepney import DBusAddress
 
     return DBusAddress(NOTIFICATIONS_PATH, bus_name=NOTIFICATIONS, interface=NOTIFICATIONS)
-
-
-def _values(record: dict) -> dict:
-    """An ``a{sv}`` as jeepney reads it, with its values out of their variants."""
-    return {k: v for k, (_, v) in record.items()}
 
 
 def _error_name(reply) -> str | None:

@@ -774,3 +774,21 @@ def test_with_the_real_daemon_a_booking_ends_in_one_bubble_and_a_blackout_is_war
     clock.set("2026-12-01T10:56:00Z")  # its claim's Ending and its "ending": one bubble
     ending = f"Booking {ref} ends at today 11:00 | Save your work: gpu0 go back then."
     assert signalled(4)[3:] == [ending]
+
+
+def test_with_the_real_daemon_a_claim_of_mine_that_must_end_is_told_once(
+        clocked_daemon, clock, services, agents, owner):
+    """``Ending`` of a claim: the agent asks the daemon (the client's claim_properties)
+    whether it is mine and not a booking's, then shows one bubble."""
+    daemon = clocked_daemon()
+    server = services.notifications(daemon.bus.address)
+    agent = agents({**daemon.bus.env(), "TZ": "UTC",
+                    **{k: v for k, v in os.environ.items() if k.startswith("RESOURCED_SIMULATED")}})
+    agent.wait_log("(running)")
+    claimed = gpuctl("claim", "--gpus", "1", "--for", "1h", "--owner-pid", str(owner.pid))
+    assert claimed.returncode == 0, claimed.stderr
+    ref = claimed.stdout.strip()
+    clock.set("2026-12-01T09:56:00Z")  # warn_before (300 s) before its end at 10:00
+    eventually(lambda: notifies(server), 10)
+    assert [(n["summary"], n["body"]) for n in notifies(server)] == [
+        (f"Claim {ref} must give its GPUs back at today 10:00", "Its time is up then.")]

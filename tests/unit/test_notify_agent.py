@@ -168,19 +168,23 @@ def test_systemd_accepts_the_agents_user_unit(tmp_path):
 
 
 def test_calendar_messages_say_what_happened_to_a_booking_in_words():
+    from resourced.client.bookings import record as read_booking
     from resourced.notify.service import calendar_message
 
-    record = {"Id": "b1", "GPUIndices": [0, 2], "EndedBy": -1, "Reason": ""}
+    # as the agent reads BookingChanged's a{sv}: by the client's table
+    record = read_booking({"Id": ("s", "b1"), "GPUIndices": ("au", [0, 2]),
+                           "EndedBy": ("i", -1), "Reason": ("s", "")})
     assert calendar_message("started", record, "today 22:00", 1000) == (
         "Booking b1 has started", "gpu0, gpu2 are yours until today 22:00.", 1)
-    assert calendar_message("ending", record, "today 22:00", 1000)[0] == "Booking b1 ends at today 22:00"
+    assert calendar_message("ending", record, "today 22:00", 1000)[0] == (
+        "Booking b1 ends at today 22:00")
     assert calendar_message("blackout", record, "", 1000)[0].endswith("maintenance window")
     assert calendar_message("created", record, "", 1000) is None
     assert calendar_message("ended", record, "", 1000) is None  # it expired: no news
-    assert calendar_message("ended", {**record, "EndedBy": 1000}, "", 1000) is None  # mine
-    cancelled = calendar_message("ended", {**record, "EndedBy": 0, "Reason": "driver"}, "", 1000)
+    assert calendar_message("ended", {**record, "ended_by": 1000}, "", 1000) is None  # mine
+    cancelled = calendar_message("ended", {**record, "ended_by": 0, "reason": "driver"}, "", 1000)
     assert cancelled == ("Booking b1 was cancelled by an administrator", "driver", 2)
-    no_show = calendar_message("ended", {**record, "Ended": "no-show", "Reason": "no process "
+    no_show = calendar_message("ended", {**record, "ended": "no-show", "reason": "no process "
                                          "of alice used its GPUs in its first 3600 s"}, "", 1000)
     assert no_show[0] == "Booking b1 was released: its GPUs were not used"
     assert no_show[1].startswith("no process of alice used its GPUs") and no_show[2] == 2
@@ -191,7 +195,7 @@ T0 = 1_796_115_600 * S  # 10:00
 
 
 def _blackout(ref: str, start: int, end: int, reason: str = "driver update") -> dict:
-    return {"Id": ref, "StartUSec": start, "EndUSec": end, "Reason": reason}
+    return {"id": ref, "start_usec": start, "end_usec": end, "reason": reason}
 
 
 def _booking(ref: str, start: int, end: int, state: str = "scheduled") -> dict:
@@ -230,7 +234,7 @@ def test_a_blackout_warning_names_its_times_reason_and_my_bookings():
     assert blackout_message(x, ["b1"], "today 10:30", "today 10:45") == (
         "Maintenance begins at today 10:30",
         "driver update, until today 10:45. Booking b1 falls in it: save your work.", 1)
-    assert blackout_message({**x, "Reason": ""}, ["b1", "b2"], "a", "b")[1] == (
+    assert blackout_message({**x, "reason": ""}, ["b1", "b2"], "a", "b")[1] == (
         "Maintenance, until b. Bookings b1, b2 fall in it: save your work.")
 
 
