@@ -176,7 +176,8 @@ def run(gpus, named, exclude, vram, ram, cpu, pools, priority, wait, timeout, du
 
     Example: gpuctl run --vram 20G --ram 4G --cpu 1 --wait -- python infer.py
     """
-    from .launch import PendingChild
+    from resourced.supervision.launch import PendingChild
+    from resourced.supervision.stopping import forward_reclaims, stop_at_end
 
     refuse_stray_words(command, "gpuctl run ... -- COMMAND [ARGS]...")
     asked = demand(gpus, named, exclude, vram, ram, cpu, pools)
@@ -218,9 +219,9 @@ def run(gpus, named, exclude, vram, ram, cpu, pools, priority, wait, timeout, du
             raise
         _warn(granted.get("warnings", []))
         held = granted["allocation"]
-        _forward_reclaim_requests(c.bus, held["ref"], child.pid, signum)
+        forward_reclaims(c.bus, held["ref"], child.pid, signum)
         if held["until_usec"] and not held["until_booking"]:
-            _stop_at_end(c.bus, held["ref"], child.pid)
+            stop_at_end(c.bus, held["ref"], child.pid)
         inherited = {"RESOURCED_SESSION": held["session"]} if held.get("session") else {}
         code = child.start({**os.environ, **granted["env"], **inherited})
         if not allocation:
@@ -236,74 +237,6 @@ def _signal_number(name: str) -> int:
                            else "SIG" + name.upper()))
     except AttributeError:
         raise click.BadParameter(f"no signal {name!r}", param_hint="--reclaim-signal") from None
-
-
-def _forward_reclaim_requests(bus: str, ref: str, pid: int, signum: int) -> None:
-    """Send ``signum`` to the command whenever the daemon asks the claim back; when its
-    session is stopped (``StopRequested``), send it, then SIGTERM and SIGKILL STOP_GRACE
-    seconds later (a thread with its own connection: the main thread waits for the
-    command meanwhile).  Only the daemon's own signals count (``client.signals``)."""
-    import signal
-    import threading
-
-    from jeepney.low_level import HeaderFields
-
-    from resourced.client import signals
-    from resourced.protocol.names import CLAIM_IFACE, claim_path
-
-    conn, heard = signals.listen(bus, [signals.rule(CLAIM_IFACE, member, claim_path(ref))
-                                       for member in ("ReclaimRequested", "StopRequested")],
-                                 25.0)
-
-    def forward():
-        with conn.filter(heard, bufsize=16) as requests:
-            try:
-                while True:
-                    msg = conn.recv_until_filtered(requests)
-                    if signals.is_owner_change(msg):
-                        continue
-                    os.kill(pid, signum)
-                    if msg.header.fields.get(HeaderFields.member) == "StopRequested":
-                        break
-                time.sleep(STOP_GRACE)
-                os.kill(pid, signal.SIGTERM)
-                time.sleep(STOP_GRACE)
-                os.kill(pid, signal.SIGKILL)
-            except OSError:  # the command is gone, or the connection
-                return
-
-    threading.Thread(target=forward, name="reclaim-forwarder", daemon=True).start()
-
-
-STOP_GRACE = 10.0
-"""Seconds between SIGTERM and SIGKILL when a claim or booking ends under a command."""
-
-
-def _stop_at_end(bus: str, ref: str, pid: int) -> None:
-    """At the end of the claim (or booking) the command runs on, SIGTERM it, and SIGKILL
-    it STOP_GRACE seconds later.  The end is looked up again as it nears (an extended
-    booking moves it); a thread with its own connection, on the daemon's clock."""
-    import signal
-    import threading
-
-    from resourced.client.bookings import now_usec
-    from resourced.client.sync import Client
-    from resourced.errors import ResourcedError
-
-    def watch():
-        with contextlib.suppress(OSError, ResourcedError), Client(bus=bus) as c:
-            while True:
-                until = c.allocation(ref)["allocation"]["until_usec"]
-                left = (until - now_usec()) / 1e6 if until else 60.0
-                if until and left <= 0:
-                    break
-                time.sleep(min(max(left, 0.05), 1.0))
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGTERM)
-            time.sleep(STOP_GRACE)
-            os.kill(pid, signal.SIGKILL)
-
-    threading.Thread(target=watch, name="end-watcher", daemon=True).start()
 
 
 def _warn(warnings: list[str]) -> None:

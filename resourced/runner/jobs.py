@@ -49,11 +49,10 @@ from resourced.core.lifecycle import (
 )
 from resourced.linux.atomic_file import write_atomically
 from resourced.linux.xdg import base_dir
+from resourced.supervision.stopping import stop_signal
 
 MISSED_AFTER_USEC = 60 * 1_000_000
 """A job whose booking had started longer than this before the runner saw it is missed."""
-DEFAULT_GRACE = 30.0
-"""Seconds between SIGTERM and the booking's end (and after a cancellation, SIGKILL)."""
 LOG_LIMIT = 10 * 1024 * 1024
 """A job's log keeps at most this much: the newest output, in two halves (see LogWriter)."""
 RESTART_DETAIL = "runner restarted; the command's end was not seen"
@@ -353,25 +352,19 @@ def grace_for(booking: dict, grace_usec: int) -> int:
 
 def stop_step(booking: dict | None, now_usec: int, grace_usec: int, sent: int | None,
               stopping: str, grace_over: bool) -> StopStep:
-    """For a running job: ``sent`` is the last signal sent to its group (None, SIGTERM or
-    SIGKILL), ``grace_over`` whether the grace has passed since a SIGTERM for a
-    cancellation.  SIGTERM ``grace_usec`` (at most a quarter of the booking: ``grace_for``)
-    before the booking's end, SIGKILL at it (timed-out); a booking cancelled, released or gone: SIGTERM now, SIGKILL after the
-    grace (cancelled)."""
+    """For a running job, as ``stop_signal`` decides (``sent``: the last signal sent to its
+    group; ``grace_over``: whether the grace has passed since its SIGTERM): a booking
+    cancelled, released or gone, SIGTERM now and SIGKILL after the grace (cancelled);
+    else SIGTERM ``grace_usec`` (at most a quarter of the booking: ``grace_for``) before
+    the booking's end and SIGKILL at it, the end not the grace (timed-out)."""
     ended = booking is None or booking["state"] == "ended"
     if ended and (booking is None or booking.get("ended") != "expired"):
-        why = stopping or CANCELLED
-        if sent is None:
-            return StopStep(signal.SIGTERM, why)
-        if sent == signal.SIGTERM and grace_over:
-            return StopStep(signal.SIGKILL, why)
-        return StopStep(None, why)
+        return StopStep(stop_signal(sent, True, grace_over), stopping or CANCELLED)
     end = booking["end_usec"]
-    if ended or now_usec >= end:
-        return StopStep(None if sent == signal.SIGKILL else signal.SIGKILL, stopping or TIMED_OUT)
-    if now_usec >= end - grace_for(booking, grace_usec):
-        return StopStep(None if sent is not None else signal.SIGTERM, stopping or TIMED_OUT)
-    return StopStep(None, stopping)
+    kill_due = ended or now_usec >= end
+    if not kill_due and now_usec < end - grace_for(booking, grace_usec):
+        return StopStep(None, stopping)
+    return StopStep(stop_signal(sent, True, False, kill_due), stopping or TIMED_OUT)
 
 
 def ended_job(job: Job, exit_status: dict | None, killed: bool, now_usec: int) -> Job:

@@ -31,7 +31,8 @@ REVIEWED = {
     ("linux/privatebus.py", "start"): "dbus-daemon with a configuration file of ours",
     ("cli/service.py", "_run"): "systemctl and the installer's commands: unit names and "
                                 "paths of the installation, chosen by the administrator",
-    ("cli/launch.py", "_exec_when_told"): "the user's own command, exec'd in place of gpuctl",
+    ("supervision/launch.py", "_exec_when_told"): "the user's own command, exec'd in place "
+                                                  "of gpuctl",
     ("cli/demo.py", "start_daemon"): "the demo's own daemon",
     ("cli/demo.py", "gpuctl"): "gpuctl with the demo's fixed arguments",
     ("cli/demo.py", "spawn"): "gpuctl with the demo's fixed arguments",
