@@ -7,6 +7,7 @@ Every refusal is an ``InvalidArgs`` raised before anything is sent (never a
 import os
 
 from resourced.errors import InvalidArgs
+from resourced.protocol import records as tables
 
 
 def parsed(parser: str, value, *name: str) -> int:
@@ -51,7 +52,8 @@ def session_option(session: str | None) -> dict:
     process's Unix session)."""
     if session is None:
         session = os.environ.get("RESOURCED_SESSION") or None
-    return {} if session is None else {"Session": ("s", bus_string("session", session))}
+    return tables.options(tables.SESSION_OPTION,
+                          session=None if session is None else bus_string("session", session))
 
 
 def memory_and_counts(vram=None, ram=None, cpu=None, pools=None, vram_mb=None, ram_mb=None
@@ -73,19 +75,6 @@ def memory_and_counts(vram=None, ram=None, cpu=None, pools=None, vram_mb=None, r
     if cpu is not None:
         amounts["cpu"] = parsed("parse_count", cpu, "cpu")
     return None if vram is None else parsed("parse_memory", vram, "vram"), amounts
-
-
-def demand_options(gpus: int = 0, vram=None, ram=None, cpu=None, pools=None, vram_mb=None,
-                   ram_mb=None) -> tuple[int, dict]:
-    """(gpus, options) for Claim from friendly arguments (``memory_and_counts``)."""
-    options = {}
-    gpus = bus_whole("gpus", gpus, 0, UINT32_MAX)
-    vram, amounts = memory_and_counts(vram, ram, cpu, pools, vram_mb, ram_mb)
-    if amounts:
-        options["Pools"] = ("a{st}", amounts)
-    if vram is not None:
-        options["VRAMBytes"] = ("t", vram)
-    return gpus, options
 
 
 LONGEST_SPAN = 2**63 // 1_000_000

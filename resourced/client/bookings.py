@@ -11,6 +11,7 @@ Times: ``start``, ``until``, ``since`` accept a string as gpuctl reads it (``+30
 from jeepney import DBusAddress, new_method_call
 
 from resourced.errors import InvalidArgs
+from resourced.protocol import records as tables
 from resourced.protocol.names import BUS_NAME, MANAGER_IFACE, MANAGER_PATH
 
 from .arguments import (
@@ -111,35 +112,21 @@ def request_options(gpus=None, duration=None, start=None, gpu_names=None, exclud
     """``Book``/``EditBooking``/``FindSlots`` options; None leaves a key out (an edit then
     keeps the booking's value)."""
 
-    options = {}
-    if gpus is not None:
-        options["GPUs"] = ("u", bus_whole("gpus", gpus, 0, UINT32_MAX))
-    if gpu_names is not None:
-        options["GPUNames"] = ("as", [bus_string("GPU", str(g)) for g in gpu_names])
-    if exclude is not None:
-        options["Exclude"] = ("as", [bus_string("GPU", str(g)) for g in exclude])
     vram, amounts = memory_and_counts(vram, ram, cpu, pools, vram_mb, ram_mb)
-    if vram is not None:
-        options["VRAMBytes"] = ("t", vram)
-    if amounts or pools is not None:
-        options["Pools"] = ("a{st}", amounts)
-    if duration is not None:
-        options["DurationUSec"] = ("t", span("duration", duration))
-    if start is not None:
-        options["StartUSec"] = ("t", instant("start", start))
-    if earliest:
-        options["Earliest"] = ("b", True)
-    if dry_run:
-        options["DryRun"] = ("b", True)
-    if exclusive is not None:
-        options["Exclusive"] = ("b", bool(exclusive))
-    if isolate is not None:
-        options["Isolate"] = ("b", bool(isolate))
-    for key, name, value in (("OpID", "op id", op_id), ("Label", "label", label),
-                             ("TaskName", "task name", task_name)):
-        if value is not None:
-            options[key] = ("s", bus_string(name, value))
-    return options
+    return tables.options(
+        tables.BOOK_OPTIONS,
+        gpus=None if gpus is None else bus_whole("gpus", gpus, 0, UINT32_MAX),
+        gpu_names=None if gpu_names is None else [bus_string("GPU", str(g)) for g in gpu_names],
+        exclude=None if exclude is None else [bus_string("GPU", str(g)) for g in exclude],
+        vram_bytes=vram, pools=amounts if amounts or pools is not None else None,
+        duration_usec=None if duration is None else span("duration", duration),
+        start_usec=None if start is None else instant("start", start),
+        earliest=earliest or None, dry_run=dry_run or None,
+        exclusive=None if exclusive is None else bool(exclusive),
+        isolate=None if isolate is None else bool(isolate),
+        **{key: None if value is None else bus_string(name, value) for key, name, value in (
+            ("op_id", "op id", op_id), ("label", "label", label),
+            ("task_name", "task name", task_name))})
 
 
 def call_message(method: str, signature: str | None = None, body: tuple = ()):
@@ -154,15 +141,12 @@ def book_message(session=None, **request):
 
 def list_message(all_users=False, since=None, until=None, offset=0, limit=None):
 
-    options = {"All": ("b", bool(all_users))}
-    if since is not None:
-        options["SinceUSec"] = ("t", instant("since", since))
-    if until is not None:
-        options["UntilUSec"] = ("t", instant("until", until))
-    if offset:
-        options["Offset"] = ("u", bus_whole("offset", offset, 0, UINT32_MAX))
-    if limit is not None:
-        options["Limit"] = ("u", bus_whole("limit", limit, 1, 10_000))
+    options = tables.options(
+        tables.LIST_OPTIONS, all=bool(all_users),
+        since_usec=None if since is None else instant("since", since),
+        until_usec=None if until is None else instant("until", until),
+        offset=bus_whole("offset", offset, 0, UINT32_MAX) or None,
+        limit=None if limit is None else bus_whole("limit", limit, 1, 10_000))
     return call_message("ListBookings", "a{sv}", (options,))
 
 
@@ -193,35 +177,31 @@ def notice_message(text: str, until=None):
 def change_options(op_id: str = "", dry_run: bool = False) -> tuple[str, dict]:
     """The a{sv} of CancelBooking."""
 
-    options = {"OpID": ("s", bus_string("op id", op_id))} if op_id else {}
-    if dry_run:
-        options["DryRun"] = ("b", True)
-    return "a{sv}", options
+    return "a{sv}", tables.options(tables.CHANGE_OPTIONS,
+                                   op_id=bus_string("op id", op_id) if op_id else None,
+                                   dry_run=dry_run or None)
 
 
 def end_message(ref: str, by=None, until=None, op_id: str = "", dry_run: bool = False):
     """SetBookingEnd: ``by`` a duration past the end it has, or ``until`` a time."""
     if (by is None) == (until is None):
         raise InvalidArgs("give exactly one of by (a duration) or until (a time)")
-    _, options = change_options(op_id, dry_run)
-    if by is not None:
-        options["ByUSec"] = ("t", span("by", by))
+    options = tables.options(tables.END_OPTIONS,
+                             op_id=bus_string("op id", op_id) if op_id else None,
+                             by_usec=None if by is None else span("by", by),
+                             dry_run=dry_run or None)
     return ref_message("SetBookingEnd", ref, ("t", 0 if until is None else instant("until", until)),
                        ("a{sv}", options))
 
 
 def record(data: dict) -> dict:
     """A booking's ``a{sv}`` record (jeepney's (signature, value) pairs) as a plain dict."""
-    from resourced.protocol.records import BOOKING, read
-
-    return read(BOOKING, data)
+    return tables.read(tables.BOOKING, data)
 
 
 def records(kind: str, body: tuple) -> list[dict]:
     """The records in the answer ``body``, of ``kind`` (the name of a table in
-    ``resourced.protocol.records``, loaded when first read)."""
-    from resourced.protocol import records as tables
-
+    ``resourced.protocol.records``)."""
     return [tables.read(getattr(tables, kind), r) for r in body[0]]
 
 
@@ -231,15 +211,11 @@ def booked(body: tuple) -> dict:
 
 
 def usage_message(since=None, until=None, uid=None, by_gpu=False):
-    options = {}
-    if since is not None:
-        options["SinceUSec"] = ("t", instant("since", since))
-    if until is not None:
-        options["UntilUSec"] = ("t", instant("until", until))
-    if uid is not None:
-        options["UID"] = ("u", bus_whole("uid", uid, 0, UINT32_MAX))
-    if by_gpu:
-        options["ByGPU"] = ("b", True)
+    options = tables.options(
+        tables.USAGE_OPTIONS, since_usec=None if since is None else instant("since", since),
+        until_usec=None if until is None else instant("until", until),
+        uid=None if uid is None else bus_whole("uid", uid, 0, UINT32_MAX),
+        by_gpu=by_gpu or None)
     return call_message("Usage", "a{sv}", (options,))
 
 

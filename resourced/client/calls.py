@@ -28,6 +28,7 @@ from resourced.errors import (
     error_from_bus,
     left_the_queue,
 )
+from resourced.protocol import records as tables
 from resourced.protocol.names import (
     BUS_NAME,
     CLAIM_IFACE,
@@ -46,7 +47,7 @@ from .arguments import (
     UINT32_MAX,
     bus_string,
     bus_whole,
-    demand_options,
+    memory_and_counts,
     session_option,
     span,
 )
@@ -55,6 +56,9 @@ from .environment import claim_env
 from .steps import Defined, Emit, Listen, Next, Subscribe, call, stream
 
 DEFAULT_TIMEOUT = 25.0
+ALLOCATION = ("state", "mode", "gpu_uuids", "gpu_indices", "pci_indices", "gpu_memory_bytes",
+              "vram_bytes", "pools")
+"""The grant's fields an allocation (``claim``'s answer) always has, in its order."""
 SHORT = (NotEnoughGPUs, NotEnoughCapacity, GPUsBusy)
 """What try_acquire answers with None."""
 
@@ -187,15 +191,11 @@ class Calls(BookingCalls):
         """The stop switch: end every claim and booking of one of my sessions (None: all of
         mine), or of user ``uid`` (an administrator, with a ``reason``).  Their commands
         get the reclaim signal first.  ``{"claims": [...], "bookings": [...]}`` stopped."""
-        options = {}
-        if session is not None:
-            options["Session"] = ("s", bus_string("session", session))
-        if uid is not None:
-            options["UID"] = ("u", bus_whole("uid", uid, 0, UINT32_MAX))
-        if reason:
-            options["Reason"] = ("s", bus_string("reason", reason))
-        if dry_run:
-            options["DryRun"] = ("b", True)
+        options = tables.options(
+            tables.STOP_OPTIONS,
+            session=None if session is None else bus_string("session", session),
+            uid=None if uid is None else bus_whole("uid", uid, 0, UINT32_MAX),
+            reason=bus_string("reason", reason) or None, dry_run=dry_run or None)
         claims, bookings = yield self._call("Stop", "a{sv}", (options,))
         return {"claims": list(claims), "bookings": list(bookings)}
 
@@ -205,9 +205,9 @@ class Calls(BookingCalls):
         user ``uid`` (root, or with manage; default: me); returns the claim's reference
         (the job's claim if it had one, relabelled with ``name`` if given: then ``gpus``
         may be empty).  ``gpuctl slurm prolog`` calls this."""
-        options = {} if uid is None else {"UID": ("u", bus_whole("uid", uid, 0, UINT32_MAX))}
-        if name:
-            options["Name"] = ("s", bus_string("job name", name))
+        options = tables.options(
+            tables.JOB_OPTIONS, uid=None if uid is None else bus_whole("uid", uid, 0, UINT32_MAX),
+            name=bus_string("job name", name) or None)
         return (yield self._call("ClaimJob", "sasa{sv}", (
             bus_string("job id", job), [bus_string("GPU", g) for g in gpus], options)))[0]
 
@@ -233,9 +233,7 @@ class Calls(BookingCalls):
     def claim_properties(self, ref: str) -> dict:
         """A live claim's properties (``org.resourced.Claim``, in one ``GetAll``) by their
         bus names: ``UID``, ``Mode``, ``UntilUSec``...; ``NoSuchClaim`` once it is gone."""
-        from resourced.protocol.records import read
-
-        return read((), (yield self._get_all(claim_path(ref), CLAIM_IFACE))[0])
+        return tables.read((), (yield self._get_all(claim_path(ref), CLAIM_IFACE))[0])
 
     @call
     def allocation(self, ref: str, use_index: bool = False) -> dict:
@@ -286,12 +284,10 @@ class Calls(BookingCalls):
     def verify(self) -> list[dict]:
         """Per GPU: status (OK, IDLE CLAIM, UNCLAIMED USE, FOREIGN PROCESS, OVERDUE, MISSING,
         UNKNOWN), claim, processes (pid, user, command, claim, ambiguous, ...)."""
-        from resourced.protocol.records import PROCESS, REPORT, read
-
-        reports = [read(REPORT, r) for r in (yield self._call("Verify"))[0]]
+        reports = [tables.read(tables.REPORT, r) for r in (yield self._call("Verify"))[0]]
         for report in reports:
             if "processes" in report:
-                report["processes"] = [read(PROCESS, p) for p in report["processes"]]
+                report["processes"] = [tables.read(tables.PROCESS, p) for p in report["processes"]]
         return reports
 
     @call
@@ -373,40 +369,29 @@ class Calls(BookingCalls):
                        priority=0, wait=False, timeout=None, reclaimable=False, duration=None,
                        session=None, dry_run=False, held=False, vram_mb=None, ram_mb=None,
                        isolate=None, gpu_names=None, exclude=None):
-        gpus, options = demand_options(gpus, vram, ram, cpu, pools, vram_mb, ram_mb)
-        for key, names in (("GPUNames", gpu_names), ("Exclude", exclude)):
-            if names is not None:
-                options[key] = ("as", [bus_string("GPU", str(g)) for g in names])
-        if isolate is not None:
-            options["Isolate"] = ("b", bool(isolate))
-        options.update(session_option(session))
-        if dry_run:
-            options["DryRun"] = ("b", True)
-        options["Mode"] = ("s", bus_string("mode", mode))
-        if owner_pid is not None:
-            options["OwnerPID"] = ("u", bus_whole("owner pid", owner_pid, 1, UINT32_MAX))
-        if member_pids:
-            options["MemberPIDs"] = ("au", [bus_whole("member pid", p, 1, UINT32_MAX)
-                                            for p in member_pids])
-        if label:
-            options["Label"] = ("s", bus_string("label", label))
-        if task_name:
-            options["TaskName"] = ("s", bus_string("task name", task_name))
-        if priority:
-            options["Priority"] = ("i", bus_whole("priority", priority, *INT32))
-        if wait:
-            options["Wait"] = ("b", True)
-        if held:
-            options["ReplyWhenGranted"] = ("b", True)
-        if timeout is not None:
-            if not 0 <= timeout < 2**63 / 1e6:
-                raise InvalidArgs(
-                    f"timeout must be a number of seconds of at least 0, not {timeout!r}")
-            options["QueueTimeoutUSec"] = ("t", int(timeout * 1e6))
-        if reclaimable:
-            options["Reclaimable"] = ("b", True)
-        if duration is not None:
-            options["DurationUSec"] = ("t", span("duration", duration))
+        gpus = bus_whole("gpus", gpus, 0, UINT32_MAX)
+        vram, amounts = memory_and_counts(vram, ram, cpu, pools, vram_mb, ram_mb)
+        if timeout is not None and not 0 <= timeout < 2**63 / 1e6:
+            raise InvalidArgs(f"timeout must be a number of seconds of at least 0, not {timeout!r}")
+        options = {**session_option(session), **tables.options(
+            tables.CLAIM_OPTIONS, vram_bytes=vram, pools=amounts or None,
+            gpu_names=gpu_names if gpu_names is None else [bus_string("GPU", str(g))
+                                                           for g in gpu_names],
+            exclude=exclude if exclude is None else [bus_string("GPU", str(g)) for g in exclude],
+            isolate=None if isolate is None else bool(isolate),
+            dry_run=dry_run or None,
+            mode=bus_string("mode", mode),
+            owner_pid=None if owner_pid is None else bus_whole("owner pid", owner_pid, 1,
+                                                              UINT32_MAX),
+            member_pids=[bus_whole("member pid", p, 1, UINT32_MAX) for p in member_pids] or None,
+            label=bus_string("label", label) or None,
+            task_name=bus_string("task name", task_name) or None,
+            priority=bus_whole("priority", priority, *INT32) or None,
+            wait=wait or None,
+            reply_when_granted=held or None,
+            queue_timeout_usec=None if timeout is None else int(timeout * 1e6),
+            reclaimable=reclaimable or None,
+            duration_usec=None if duration is None else span("duration", duration))}
         return self._call("Claim", "ua{sv}", (gpus, options))
 
     def _claim_of_call(self, serial: int):
@@ -445,24 +430,13 @@ class Calls(BookingCalls):
 
     @staticmethod
     def _allocation(ref: str, grant: dict, use_index: bool) -> dict:
-        allocation = {
-            "ref": ref,
-            "state": grant["State"][1],
-            "mode": grant["Mode"][1],
-            "gpu_uuids": list(grant["GPUUUIDs"][1]),
-            "gpu_indices": list(grant["GPUIndices"][1]),
-            "pci_indices": list(grant["PCIIndices"][1]),
-            "gpu_memory_bytes": list(grant["GPUMemoryBytes"][1]),
-            "vram_bytes": grant["VRAMBytes"][1],
-            "pools": dict(grant["Pools"][1]),
-            "until_usec": grant["UntilUSec"][1] if "UntilUSec" in grant else 0,
-            "until_booking": grant["UntilBooking"][1] if "UntilBooking" in grant else "",
-            "session": grant["Session"][1] if "Session" in grant else "",
-            "isolated": grant["Isolated"][1] if "Isolated" in grant else False,
-        }
+        g = tables.read(tables.GRANT, grant)
+        allocation = {"ref": ref, **{k: g[k] for k in ALLOCATION}, **{
+            k: g.get(k, absent) for k, absent in (("until_usec", 0), ("until_booking", ""),
+                                                  ("session", ""), ("isolated", False))}}
         result = {"allocation": allocation, "env": claim_env(allocation, use_index),
-                  "warnings": list(grant["Warnings"][1])}
-        if "DryRun" in grant:
+                  "warnings": g["warnings"]}
+        if g.get("dry_run"):
             result["dry_run"] = True
         return result
 

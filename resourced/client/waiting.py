@@ -12,6 +12,7 @@ import os
 from jeepney.low_level import HeaderFields, MessageType
 
 from resourced.errors import DaemonUnreachable, InvalidArgs, NoSuchClaim, QueueTimeout
+from resourced.protocol import records as tables
 from resourced.protocol.names import CLAIM_IFACE, MANAGER_IFACE, MANAGER_PATH
 
 from . import signals
@@ -85,7 +86,7 @@ def wait(client, msg, timeout: float | None, progress, use_index: bool):
     yield from signals.follow(heard)
     # (progress needs the claim's reference at once: a call answered at once, not held)
     ref, rule.path, grant = yield from _asked(client, msg, deadline, held=not progress)
-    if grant["State"][1] != "queued":
+    if grant[tables.wire(tables.GRANT, "state")][1] != "queued":
         return client._allocation(ref, grant, use_index)
     try:
         if progress:
@@ -163,7 +164,8 @@ def _claim_answer(client, reply):
 def _waiting_only(msg):
     """``msg``, a Claim with ReplyWhenGranted, asking with Wait alone (an older daemon)."""
     gpus, options = msg.body
-    msg.body = (gpus, {k: v for k, v in options.items() if k != "ReplyWhenGranted"})
+    held = tables.wire(tables.CLAIM_OPTIONS, "reply_when_granted")
+    msg.body = (gpus, {k: v for k, v in options.items() if k != held})
     return msg
 
 

@@ -88,6 +88,29 @@ def _demand(cls, gpus: int, vram: int, pools: tuple) -> Demand:
 
 
 @dataclass(frozen=True)
+class ClaimOptions:
+    """What a ``Claim`` call asks for: the demand, and its options by their keys in
+    ``protocol.records.CLAIM`` (times in microseconds), as the engine takes them before it
+    pins the processes and names the session (``ClaimRequest``)."""
+
+    demand: Demand
+    mode: str = "run"
+    owner_pid: int | None = None  # None: the caller's process
+    member_pids: tuple[int, ...] = ()
+    label: str = ""
+    task_name: str = ""
+    priority: int = 0
+    wait: bool = False  # queue it when it cannot be granted now
+    queue_timeout_usec: int | None = None  # leave the queue after this long; None: never
+    reclaimable: bool = False
+    duration_usec: int | None = None  # end this long after it was asked for; None: no end
+    session: str | None = None  # None: the owner's Unix session
+    dry_run: bool = False
+    isolate: bool | None = None  # None: as the configuration says
+    on: tuple[str, ...] = ()  # the GPUs it may be placed on (() : any)
+
+
+@dataclass(frozen=True)
 class ClaimRequest:
     """What a caller asks for. Validated on construction, so the ledger sees only sane input."""
 

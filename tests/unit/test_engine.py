@@ -9,7 +9,7 @@ import pytest
 from resourced.backends.simulated import SimulatedBackend
 from resourced.config import DaemonConfig
 from resourced.core.caller import Caller
-from resourced.core.claims import ClaimRequest, Demand, ProcessRef
+from resourced.core.claims import ClaimOptions, ClaimRequest, Demand, ProcessRef
 from resourced.core.clock import ManualClock
 from resourced.core.ledger import ClaimReleased
 from resourced.daemon.engine.engine import Engine
@@ -19,6 +19,11 @@ from ..conftest import eventually_async
 
 ME = Caller(uid=os.getuid(), pid=os.getpid())
 USER = Caller(uid=1000, pid=os.getpid())  # another user (only limits are checked before the pid)
+
+
+def one_gpu(**options) -> ClaimOptions:
+    """A dev claim of one GPU, with these options."""
+    return ClaimOptions(Demand.of(gpus=1), "dev", **options)
 
 
 def run(test):
@@ -56,8 +61,8 @@ def test_a_waiter_leaves_the_queue_when_its_deadline_passes_on_the_clock():
     async def test():
         clock = ManualClock()
         async with engine_on(clock=clock) as (engine, events):
-            await engine.claim(ME, Demand.of(gpus=1), "dev")
-            waiter, _ = await engine.claim(ME, Demand.of(gpus=1), "dev", wait=True, timeout=30)
+            await engine.claim(ME, one_gpu())
+            waiter, _ = await engine.claim(ME, one_gpu(wait=True, queue_timeout_usec=30_000_000))
             assert waiter.queue_deadline_usec == clock() + 30_000_000  # in the claim as committed
             clock.advance(29.9)
             engine.alarms.run_due()
@@ -73,8 +78,8 @@ def test_a_waiter_served_in_time_has_no_deadline_left():
     async def test():
         clock = ManualClock()
         async with engine_on(clock=clock) as (engine, _):
-            holder, _ = await engine.claim(ME, Demand.of(gpus=1), "dev")
-            waiter, _ = await engine.claim(ME, Demand.of(gpus=1), "dev", wait=True, timeout=30)
+            holder, _ = await engine.claim(ME, one_gpu())
+            waiter, _ = await engine.claim(ME, one_gpu(wait=True, queue_timeout_usec=30_000_000))
             await engine.release(ME, holder.id)
             for _ in range(100):  # the walk that serves GPU waiters probes first
                 if engine.ledger.claims[waiter.id].state == "granted":
@@ -92,8 +97,8 @@ def test_a_restored_waiter_whose_deadline_passed_meanwhile_leaves_at_start():
     async def test():
         clock = ManualClock()
         async with engine_on(clock=clock) as (engine, _):
-            await engine.claim(ME, Demand.of(gpus=1), "dev")
-            waiter, _ = await engine.claim(ME, Demand.of(gpus=1), "dev", wait=True, timeout=5)
+            await engine.claim(ME, one_gpu())
+            waiter, _ = await engine.claim(ME, one_gpu(wait=True, queue_timeout_usec=5_000_000))
             saved = dict(engine.ledger.claims)
         clock.advance(10)
         async with engine_on(clock=clock, restored=saved) as (again, _):
@@ -105,9 +110,8 @@ def test_a_restored_waiter_whose_deadline_passed_meanwhile_leaves_at_start():
 def test_no_timeout_or_a_zero_one(timeout):
     async def test():
         async with engine_on() as (engine, _):
-            await engine.claim(ME, Demand.of(gpus=1), "dev")
-            waiter, _ = await engine.claim(ME, Demand.of(gpus=1), "dev", wait=True,
-                                           timeout=timeout)
+            await engine.claim(ME, one_gpu())
+            waiter, _ = await engine.claim(ME, one_gpu(wait=True, queue_timeout_usec=timeout))
             engine.alarms.run_due()
             assert (waiter.id in engine.ledger.claims) == (timeout is None)
     run(test)
@@ -126,7 +130,7 @@ def test_a_user_at_a_limit_is_refused(limits, claims, waiting, wait, says):
         async with engine_on(gpus=2, **limits) as (engine, _):
             users_claims(engine, claims, waiting)
             with pytest.raises(LimitExceeded, match=says):
-                await engine.claim(USER, Demand.of(gpus=1), "dev", wait=wait)
+                await engine.claim(USER, one_gpu(wait=wait))
     run(test)
 
 
@@ -135,13 +139,13 @@ def test_root_is_limited_unless_exempt_and_zero_means_no_limit():
         async with engine_on(gpus=2, max_claims_per_user=1, max_waiting_per_user=1) as (engine, _):
             users_claims(engine, 3, 1)
             root = Caller(0, os.getpid())
-            claim, _ = await engine.claim(root, Demand.of(gpus=1), "dev", wait=True)
+            claim, _ = await engine.claim(root, one_gpu(wait=True))
             with pytest.raises(LimitExceeded, match="max_claims_per_user"):
-                await engine.claim(root, Demand.of(gpus=1), "dev", wait=True)  # root too
+                await engine.claim(root, one_gpu(wait=True))  # root too
             engine.apply_settings(DaemonConfig(max_claims_per_user=1, max_waiting_per_user=1,
                                                exempt_users=("root",)))
             for _ in range(3):  # exempt by name: no per-user limit, so this reaches the queue
-                claim, _ = await engine.claim(root, Demand.of(gpus=1), "dev", wait=True)
+                claim, _ = await engine.claim(root, one_gpu(wait=True))
                 assert claim.state == "queued"
             engine.settings = DaemonConfig(max_claims_per_user=0, max_waiting_per_user=0)
             engine._check_limits(USER, wait=True, demand=Demand.of(gpus=1))  # no limit: no error
@@ -160,7 +164,7 @@ def test_on_a_simulated_clock_a_sweep_runs_as_soon_as_the_clock_moves(monkeypatc
                         clock=clock, poll_clock=True)
         await engine.start(None)
         try:
-            claim, _ = await engine.claim(ME, Demand.of(gpus=1), "dev")
+            claim, _ = await engine.claim(ME, one_gpu())
             for _ in range(2):  # the first look opens the idle window, the second closes it
                 clock.advance(61)
                 engine.alarms.run_due()

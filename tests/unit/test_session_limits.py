@@ -16,7 +16,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 
 import resourced.daemon.engine.engine as engine_module
 from resourced.core.caller import Caller
-from resourced.core.claims import ClaimRequest, Demand, ProcessRef, check_session
+from resourced.core.claims import ClaimOptions, ClaimRequest, Demand, ProcessRef, check_session
 from resourced.core.inventory import Gpu
 from resourced.core.ledger import ClaimReleased, Ledger, StopAsked
 from resourced.core.lifecycle import ENDED, GRANTED, QUEUED, SCHEDULED
@@ -45,8 +45,8 @@ def as_user(monkeypatch):
 
 
 async def claim(engine, session=None, caller=USER, wait=False, dry_run=False, **demand):
-    c, _ = await engine.claim(caller, Demand.of(**demand), "dev", session=session, wait=wait,
-                              dry_run=dry_run)
+    c, _ = await engine.claim(caller, ClaimOptions(Demand.of(**demand), "dev", session=session,
+                                                   wait=wait, dry_run=dry_run))
     return c
 
 

@@ -9,73 +9,65 @@ listens for its own user's is not woken for everyone else's.
 
 import json
 
-from dbus_fast import Variant
 from dbus_fast.service import dbus_signal
 
 from resourced.core.calendar import Blackout, Booking, BookingRequest, Notice
 from resourced.core.claims import Demand
 from resourced.errors import InvalidArgs
 from resourced.protocol.names import USER_IFACE
-from resourced.protocol.records import BLACKOUT, BOOKING, NOTICE, Field, iso_utc
+from resourced.protocol.records import (
+    BLACKOUT,
+    BOOKING,
+    LIST_OPTIONS,
+    NOTICE,
+    iso_utc,
+)
 
 from .interface import Interface
-from .options import parse_options
+from .options import parse_options, wire_record
 
-BOOK_OPTIONS = {
-    "GPUs": "u", "GPUNames": "as", "Exclude": "as", "VRAMBytes": "t", "Pools": "a{st}",
-    "DurationUSec": "t", "StartUSec": "t", "Earliest": "b", "Exclusive": "b",
-    "OpID": "s", "Label": "s", "TaskName": "s", "DryRun": "b", "Isolate": "b",
-}
-"""``Book``, ``EditBooking`` and ``FindSlots`` options.  No ``StartUSec`` (or
-``Earliest``): the earliest start that fits."""
-CHANGE_OPTIONS = {"OpID": "s", "DryRun": "b"}
-"""``CancelBooking`` options: OpID makes it retry-safe too."""
-END_OPTIONS = {"OpID": "s", "ByUSec": "t", "DryRun": "b"}
-"""``SetBookingEnd`` options: ByUSec extends by that much past the end it has."""
-LIST_OPTIONS = {"All": "b", "SinceUSec": "t", "UntilUSec": "t", "Offset": "u", "Limit": "u"}
 MAX_PAGE = 10_000
 MAX_SLOTS = 20
 
 
-def booking_request(options: dict, gpu_uuid,
+def booking_request(opts: dict, gpu_uuid,
                     base: Booking | None = None) -> tuple[BookingRequest, str, bool]:
-    """The request the options describe (over ``base``'s, for an edit), the op id, and
-    whether it is a dry run;
+    """The request the options describe (read by BOOK_OPTIONS; over ``base``'s, for an
+    edit), the op id, and whether it is a dry run;
     ``gpu_uuid`` resolves a GPU's name (alias, index, UUID) to its UUID."""
-    opts = parse_options(options, BOOK_OPTIONS)
     old = base.request if base is not None else None
-    named = tuple(gpu_uuid(n) for n in opts["GPUNames"]) if "GPUNames" in opts else (
+    named = tuple(gpu_uuid(n) for n in opts["gpu_names"]) if "gpu_names" in opts else (
         old.named if old else ())
-    excluded = tuple(gpu_uuid(n) for n in opts["Exclude"]) if "Exclude" in opts else (
+    excluded = tuple(gpu_uuid(n) for n in opts["exclude"]) if "exclude" in opts else (
         old.excluded if old else ())
-    share_on_named = "GPUNames" in opts and "VRAMBytes" in opts  # a share on that GPU
-    gpus = opts.get("GPUs", 0 if share_on_named else len(named) if "GPUNames" in opts
+    share_on_named = "gpu_names" in opts and "vram_bytes" in opts  # a share on that GPU
+    gpus = opts.get("gpus", 0 if share_on_named else len(named) if "gpu_names" in opts
                     else old.demand.gpus if old else 0)
-    vram = opts.get("VRAMBytes", old.demand.vram if old else 0)
-    if "GPUs" in opts or "GPUNames" in opts:
-        vram = opts.get("VRAMBytes", 0)
-    elif "VRAMBytes" in opts:
+    vram = opts.get("vram_bytes", old.demand.vram if old else 0)
+    if "gpus" in opts or "gpu_names" in opts:
+        vram = opts.get("vram_bytes", 0)
+    elif "vram_bytes" in opts:
         gpus = 0
-    pools = opts["Pools"] if "Pools" in opts else dict(old.demand.pools if old else ())
-    if "DurationUSec" not in opts and old is None:
+    pools = opts["pools"] if "pools" in opts else dict(old.demand.pools if old else ())
+    if "duration_usec" not in opts and old is None:
         raise InvalidArgs("a booking needs a duration (DurationUSec)")
-    start = opts.get("StartUSec", base.start_usec if base is not None else None)
-    if opts.get("Earliest"):
+    start = opts.get("start_usec", base.start_usec if base is not None else None)
+    if opts.get("earliest"):
         start = None
     request = BookingRequest(
         demand=Demand.of(gpus, vram, pools),
-        duration_usec=opts.get("DurationUSec", old.duration_usec if old else 0),
+        duration_usec=opts.get("duration_usec", old.duration_usec if old else 0),
         start_usec=start, named=named, excluded=excluded,
-        exclusive=opts.get("Exclusive", old.exclusive if old else False),
-        label=opts.get("Label", old.label if old else ""),
-        task_name=opts.get("TaskName", old.task_name if old else ""),
-        isolate=opts.get("Isolate", old.isolate if old else False))
-    return request, opts.get("OpID", ""), opts.get("DryRun", False)
+        exclusive=opts.get("exclusive", old.exclusive if old else False),
+        label=opts.get("label", old.label if old else ""),
+        task_name=opts.get("task_name", old.task_name if old else ""),
+        isolate=opts.get("isolate", old.isolate if old else False))
+    return request, opts.get("op_id", ""), opts.get("dry_run", False)
 
 
 def list_filter(options: dict) -> dict:
     opts = parse_options(options, LIST_OPTIONS)
-    if opts.get("Limit", 1) == 0 or opts.get("Limit", 0) > MAX_PAGE:
+    if opts.get("limit", 1) == 0 or opts.get("limit", 0) > MAX_PAGE:
         raise InvalidArgs(f"Limit must be from 1 to {MAX_PAGE}")
     return opts
 
@@ -100,11 +92,6 @@ def booking_fields(b: Booking, gpus: dict, claim_state: str = "",
         "isolated": b.request.isolate,
         "start": iso_utc(b.start_usec), "end": iso_utc(b.end_usec),
     }
-
-
-def wire_record(kind: tuple[Field, ...], values: dict) -> dict:
-    """A record of ``kind`` (``protocol.records``) as the a{sv} it is on the bus."""
-    return {f.wire: Variant(f.signature, values[f.key]) for f in kind}
 
 
 def booking_record(fields: dict) -> dict:

@@ -8,12 +8,13 @@ most of the cost of a Describe.
 
 import json
 
-from dbus_fast import Variant
-
 from resourced import __version__
 from resourced.core.claims import Claim
 from resourced.core.inventory import pci_order
 from resourced.protocol.names import JSON_SCHEMA
+from resourced.protocol.records import GRANT
+
+from .options import wire_record
 
 LIMITS = ("max_claims_per_user", "max_waiting_per_user", "max_gpus_per_user",
           "max_claims_per_session", "max_gpus_per_session", "max_bookings_per_user",
@@ -122,19 +123,19 @@ class StateView:
         """What ``Claim`` and ``GetGrant`` answer for a claim, as a{sv} (``DryRun``: what a
         claim would be, not made)."""
         gpus = self.engine.ledger.gpus
-        extra = {"DryRun": Variant("b", True)} if dry_run else {}
-        return {**extra,
-            "State": Variant("s", claim.state),
-            "Mode": Variant("s", claim.mode),
-            "GPUUUIDs": Variant("as", list(claim.gpus)),
-            "GPUIndices": Variant("au", [gpus[u].index for u in claim.gpus]),
-            "PCIIndices": Variant("au", [self.pci_index[u] for u in claim.gpus]),
-            "GPUMemoryBytes": Variant("at", [gpus[u].memory_bytes for u in claim.gpus]),
-            "VRAMBytes": Variant("t", claim.demand.vram),
-            "Pools": Variant("a{st}", dict(claim.demand.pools)),
-            "Warnings": Variant("as", list(warnings)),
-            "UntilUSec": Variant("t", claim.until_usec),
-            "UntilBooking": Variant("s", claim.until_booking),
-            "Session": Variant("s", claim.session),
-            "Isolated": Variant("b", claim.isolated),
-        }
+        return wire_record(GRANT, {
+            **({"dry_run": True} if dry_run else {}),
+            "state": claim.state,
+            "mode": claim.mode,
+            "gpu_uuids": list(claim.gpus),
+            "gpu_indices": [gpus[u].index for u in claim.gpus],
+            "pci_indices": [self.pci_index[u] for u in claim.gpus],
+            "gpu_memory_bytes": [gpus[u].memory_bytes for u in claim.gpus],
+            "vram_bytes": claim.demand.vram,
+            "pools": dict(claim.demand.pools),
+            "warnings": list(warnings),
+            "until_usec": claim.until_usec,
+            "until_booking": claim.until_booking,
+            "session": claim.session,
+            "isolated": claim.isolated,
+        })

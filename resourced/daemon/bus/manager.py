@@ -31,7 +31,7 @@ from dbus_fast.service import dbus_method, dbus_property, dbus_signal
 from resourced import __version__
 from resourced.config import ConfigError
 from resourced.core.calendar import check_instant
-from resourced.core.claims import Demand, check_named
+from resourced.core.claims import ClaimOptions, Demand, check_named
 from resourced.core.verify import GpuReport
 from resourced.errors import (
     AccessDenied,
@@ -51,14 +51,25 @@ from resourced.protocol.names import (
     pool_path,
     user_path,
 )
-from resourced.protocol.records import PROCESS, REPORT, SLOT
+from resourced.protocol.records import (
+    BOOK_OPTIONS,
+    CHANGE_OPTIONS,
+    CLAIM_OPTIONS,
+    END_OPTIONS,
+    JOB_OPTIONS,
+    OPTIONS,
+    PROCESS,
+    REPORT,
+    SLOT,
+    STOP_OPTIONS,
+    USAGE_OPTIONS,
+    wire,
+)
 
 from .. import memory
 from ..engine.engine import Engine
 from ..health_monitor import HealthMonitor
 from .bookings import (
-    CHANGE_OPTIONS,
-    END_OPTIONS,
     MAX_SLOTS,
     BookingTexts,
     UserInterface,
@@ -68,19 +79,18 @@ from .bookings import (
     booking_request,
     list_filter,
     notice_record,
-    wire_record,
 )
 from .caller import Credentials, current_call
 from .claim import ClaimInterface
 from .connection import REPLY_LATER, eager_methods
+from .departures import Departures
 from .describe import StateView
 from .errors import bus_errors
 from .gpu import GpuInterface
 from .health import CheckInterface
-from .departures import Departures
 from .held_calls import HeldCalls
 from .interface import Interface
-from .options import parse_options
+from .options import parse_options, wire_record
 from .polkit import CLAIM, MANAGE, RELEASE_OTHER, RESERVE, Authority, GroupAuthority, SharedAccess
 from .pool import PoolInterface
 from .signals import Signals
@@ -88,16 +98,7 @@ from .throttle import Throttle
 
 R = PropertyAccess.READ
 
-CLAIM_OPTIONS = {
-    "Mode": "s", "OwnerPID": "u", "MemberPIDs": "au", "Label": "s", "TaskName": "s",
-    "VRAMBytes": "t", "Pools": "a{st}", "Priority": "i", "Wait": "b",
-    "QueueTimeoutUSec": "t", "Reclaimable": "b", "DurationUSec": "t", "Session": "s",
-    "DryRun": "b", "ReplyWhenGranted": "b", "Isolate": "b", "GPUNames": "as", "Exclude": "as",
-}
 RELEASE_FLAGS = RELEASE_FORCE | RELEASE_DRY_RUN
-JOB_OPTIONS = {"UID": "u", "Name": "s"}
-STOP_OPTIONS = {"Session": "s", "UID": "u", "Reason": "s", "DryRun": "b"}
-USAGE_OPTIONS = {"SinceUSec": "t", "UntilUSec": "t", "UID": "u", "ByGPU": "b"}
 DAY_USEC = 86400 * 1_000_000
 FEATURES = ["claims", "dev-claims", "verify", "health", "pools", "queue", "reclaim",
             "bookings", "slurm-jobs", "reply-when-granted", "metrics", "diagnose"]
@@ -221,7 +222,7 @@ class ManagerInterface(Interface):
     async def Claim(self, gpus: "u", options: "a{sv}") -> "soa{sv}":
         opts = parse_options(options, CLAIM_OPTIONS)
         call = current_call.get()
-        keep = (opts.get("ReplyWhenGranted", False) and self._can_keep_calls
+        keep = (opts.get("reply_when_granted", False) and self._can_keep_calls
                 and not call.flags & MessageFlag.NO_REPLY_EXPECTED)
         with self.held.deciding(call) if keep else contextlib.nullcontext():
             return await self._claim(call, keep, gpus, opts)
@@ -229,33 +230,18 @@ class ManagerInterface(Interface):
     async def _claim(self, call: Message, keep: bool, gpus: int, opts: dict) -> list:
         caller = await self.credentials.caller()
         await self.authority.check(call, caller.uid, CLAIM, {
-            "gpus": str(gpus), "mode": opts.get("Mode", "run"), "label": opts.get("Label", "")})
-        if opts.get("Isolate") is False and self.engine.settings.isolation == "always" \
+            "gpus": str(gpus), "mode": opts.get("mode", "run"), "label": opts.get("label", "")})
+        if opts.get("isolate") is False and self.engine.settings.isolation == "always" \
                 and caller.uid != 0:  # only an administrator runs unconfined here
             await self.authority.check(call, caller.uid, MANAGE, {"isolate": "false"})
-        await self._check_priority(call, caller.uid, opts.get("Priority", 0))
-        timeout = opts.get("QueueTimeoutUSec")
-        on = self._placed_on(gpus, opts)
-        claim, warnings = await self.engine.claim(
-            caller,
-            Demand.of(gpus, opts.get("VRAMBytes", 0), opts.get("Pools", {})),
-            mode=opts.get("Mode", "run"),
-            owner_pid=opts.get("OwnerPID"),
-            member_pids=opts.get("MemberPIDs", ()),
-            label=opts.get("Label", ""),
-            task_name=opts.get("TaskName", ""),
-            priority=opts.get("Priority", 0),
-            wait=opts.get("Wait", False) or opts.get("ReplyWhenGranted", False),
-            timeout=None if timeout is None else timeout / 1e6,
-            reclaimable=opts.get("Reclaimable", False),
-            duration=opts["DurationUSec"] / 1e6 if "DurationUSec" in opts else None,
-            session=opts.get("Session"),
-            dry_run=opts.get("DryRun", False),
-            call_serial=call.serial,
-            isolate=opts.get("Isolate"),
-            on=on,
-        )
-        if opts.get("DryRun"):  # no claim was made: no reference, no object
+        await self._check_priority(call, caller.uid, opts.get("priority", 0))
+        demand = Demand.of(gpus, opts.pop("vram_bytes", 0), opts.pop("pools", None))
+        on = self._placed_on(demand, opts.pop("gpu_names", None), opts.pop("exclude", None))
+        held = opts.pop("reply_when_granted", False)
+        ask = ClaimOptions(demand, on=on, wait=opts.pop("wait", False) or held,
+                           member_pids=tuple(opts.pop("member_pids", ())), **opts)
+        claim, warnings = await self.engine.claim(caller, ask, call.serial)
+        if ask.dry_run:  # no claim was made: no reference, no object
             return ["", "/", self.view.grant(claim, warnings, dry_run=True)]
         if keep and claim.id in self._waiting:
             self.held.hold(claim.id, call, warnings)  # answered by _tell_waiter
@@ -275,16 +261,16 @@ class ManagerInterface(Interface):
             raise type(exc)(f"priority {priority} is above max_priority ({bound}): "
                             f"{exc.message}") from None
 
-    def _placed_on(self, gpus: int, opts: dict) -> tuple[str, ...]:
+    def _placed_on(self, demand: Demand, names: list[str] | None,
+                   exclude: list[str] | None) -> tuple[str, ...]:
         """The GPUs a claim may go on, from GPUNames (those, whole; or the one of a VRAM
         share) and Exclude (all but those), as Book reads them; () for any."""
-        if "GPUNames" not in opts and "Exclude" not in opts:
+        if names is None and exclude is None:
             return ()
         ledger = self.engine.ledger
-        named = tuple(ledger.gpu_by_name(n).uuid for n in opts.get("GPUNames", ()))
-        excluded = tuple(ledger.gpu_by_name(n).uuid for n in opts.get("Exclude", ()))
-        check_named(Demand.of(gpus, opts.get("VRAMBytes", 0), opts.get("Pools")), named,
-                    excluded, "claimed")
+        named = tuple(ledger.gpu_by_name(n).uuid for n in names or ())
+        excluded = tuple(ledger.gpu_by_name(n).uuid for n in exclude or ())
+        check_named(demand, named, excluded, "claimed")
         if excluded:
             return tuple(u for u in ledger.gpus if u not in excluded)
         return named
@@ -318,7 +304,7 @@ class ManagerInterface(Interface):
         opts = parse_options(options, JOB_OPTIONS)
         caller = await self._manager()
         claim = await self.engine.jobs.claim(caller, job_id, list(gpus),
-                                             opts.get("UID", caller.uid), opts.get("Name", ""))
+                                             opts.get("uid", caller.uid), opts.get("name", ""))
         return [claim.id, claim_path(claim.id)]
 
     @dbus_method()
@@ -337,14 +323,14 @@ class ManagerInterface(Interface):
         Returns the claims and bookings stopped (``DryRun``: that would be)."""
         opts = parse_options(options, STOP_OPTIONS)
         caller = await self.credentials.caller()
-        uid = opts.get("UID", caller.uid)
+        uid = opts.get("uid", caller.uid)
         admin = caller.uid not in (0, uid)
         if admin:
             await self.authority.check(current_call.get(), caller.uid, MANAGE, {
-                "owner_uid": str(uid), "session": opts.get("Session", "")})
-        claims, bookings = self.engine.stop(caller, uid, opts.get("Session"),
-                                            opts.get("Reason", ""), admin,
-                                            opts.get("DryRun", False))
+                "owner_uid": str(uid), "session": opts.get("session", "")})
+        claims, bookings = self.engine.stop(caller, uid, opts.get("session"),
+                                            opts.get("reason", ""), admin,
+                                            opts.get("dry_run", False))
         return [[c.id for c in claims], [b.id for b in bookings]]
 
     @dbus_method()
@@ -431,10 +417,9 @@ class ManagerInterface(Interface):
     @dbus_method()
     @bus_errors
     async def Book(self, options: "a{sv}") -> "sa{sv}":
-        session = parse_options({k: v for k, v in options.items() if k == "Session"},
-                                {"Session": "s"}).get("Session")
-        request, op_id, dry_run = booking_request(
-            {k: v for k, v in options.items() if k != "Session"}, self._gpu_uuid)
+        opts = parse_options(options, OPTIONS["Book"])
+        session = opts.pop("session", None)
+        request, op_id, dry_run = booking_request(opts, self._gpu_uuid)
         caller = await self.credentials.caller()
         await self.authority.check(current_call.get(), caller.uid, RESERVE, {
             "gpus": str(request.demand.gpus), "duration_usec": str(request.duration_usec)})
@@ -446,7 +431,8 @@ class ManagerInterface(Interface):
     async def EditBooking(self, booking_id: "s", options: "a{sv}") -> "a{sv}":
         caller, admin = await self._owner_or_admin(booking_id)
         base = self.engine.bookings.get(booking_id)
-        request, op_id, dry_run = booking_request(options, self._gpu_uuid, base)
+        request, op_id, dry_run = booking_request(parse_options(options, BOOK_OPTIONS),
+                                                  self._gpu_uuid, base)
         return self._record(self.engine.bookings.edit(caller, booking_id, request, admin, op_id,
                                                       dry_run))
 
@@ -454,12 +440,12 @@ class ManagerInterface(Interface):
     @bus_errors
     async def SetBookingEnd(self, booking_id: "s", end_usec: "t", options: "a{sv}") -> "a{sv}":
         opts = parse_options(options, END_OPTIONS)
-        if bool(end_usec) == bool(opts.get("ByUSec")):
+        if bool(end_usec) == bool(opts.get("by_usec")):
             raise InvalidArgs("give either an end (end_usec) or ByUSec, not both or neither")
         caller, admin = await self._owner_or_admin(booking_id)
         return self._record(self.engine.bookings.set_end(
-            caller, booking_id, end_usec, admin, opts.get("OpID", ""), opts.get("ByUSec", 0),
-            opts.get("DryRun", False)))
+            caller, booking_id, end_usec, admin, opts.get("op_id", ""), opts.get("by_usec", 0),
+            opts.get("dry_run", False)))
 
     @dbus_method()
     @bus_errors
@@ -467,8 +453,8 @@ class ManagerInterface(Interface):
         opts = parse_options(options, CHANGE_OPTIONS)
         caller, admin = await self._owner_or_admin(booking_id)
         return self._record(self.engine.bookings.cancel(caller, booking_id, reason, admin,
-                                                        opts.get("OpID", ""),
-                                                        opts.get("DryRun", False)))
+                                                        opts.get("op_id", ""),
+                                                        opts.get("dry_run", False)))
 
     @dbus_method()
     @bus_errors
@@ -478,13 +464,13 @@ class ManagerInterface(Interface):
         one user.  JSON: a list of rows."""
         opts = parse_options(options, USAGE_OPTIONS)
         now = self.engine.clock()
-        since, until = opts.get("SinceUSec", now - 7 * DAY_USEC), opts.get("UntilUSec", now)
-        check_instant("SinceUSec", since)
-        check_instant("UntilUSec", until)
+        since, until = opts.get("since_usec", now - 7 * DAY_USEC), opts.get("until_usec", now)
+        check_instant(wire(USAGE_OPTIONS, "since_usec"), since)
+        check_instant(wire(USAGE_OPTIONS, "until_usec"), until)
         if since >= until:
             raise InvalidArgs("SinceUSec must be before UntilUSec")
-        return json.dumps(self.engine.history.usage(since, until, opts.get("UID"),
-                                                    opts.get("ByGPU", False)))
+        return json.dumps(self.engine.history.usage(since, until, opts.get("uid"),
+                                                    opts.get("by_gpu", False)))
 
     @dbus_method()
     @bus_errors
@@ -517,10 +503,10 @@ class ManagerInterface(Interface):
         ``SinceUSec`` (default: 24 hours ago), by start; ``Offset``/``Limit`` page.  JSON,
         as Describe: 5,000 records of 22 variants each are slow to decode in a client."""
         opts = list_filter(options)
-        uid = None if opts.get("All") else (await self.credentials.caller()).uid
-        found = self.engine.bookings.list(uid, opts.get("SinceUSec"), opts.get("UntilUSec"))
-        offset = opts.get("Offset", 0)
-        page = found[offset: offset + opts["Limit"]] if "Limit" in opts else found[offset:]
+        uid = None if opts.get("all") else (await self.credentials.caller()).uid
+        found = self.engine.bookings.list(uid, opts.get("since_usec"), opts.get("until_usec"))
+        offset = opts.get("offset", 0)
+        page = found[offset: offset + opts["limit"]] if "limit" in opts else found[offset:]
         gpus = self.engine.ledger.gpus
         self._texts.forget_missing(self.engine.calendar.bookings)
         return self._texts.array(page, gpus, self.engine.ledger.claims, self._claim_of)
@@ -536,7 +522,7 @@ class ManagerInterface(Interface):
         """The earliest ``count`` starts where a booking would fit (read-only)."""
         if not 1 <= count <= MAX_SLOTS:
             raise InvalidArgs(f"count must be from 1 to {MAX_SLOTS}")
-        request, _, _ = booking_request(options, self._gpu_uuid)
+        request, _, _ = booking_request(parse_options(options, BOOK_OPTIONS), self._gpu_uuid)
         gpus = self.engine.ledger.gpus
         return [wire_record(SLOT, {"start_usec": start,
                                    "end_usec": start + request.duration_usec,

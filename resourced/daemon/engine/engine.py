@@ -32,6 +32,7 @@ from resourced.core.claims import (
     MODES,
     SLURM,
     Claim,
+    ClaimOptions,
     ClaimRequest,
     Demand,
     ProcessRef,
@@ -100,7 +101,7 @@ log = logging.getLogger("resourced")
 ID_ALPHABET = string.ascii_lowercase + string.digits
 MAX_MEMBERS = 64
 """Member pids one claim may name: a wrapper or two, not a process table."""
-MAX_DURATION = 10 * 365 * 86400
+MAX_DURATION_USEC = 10 * 365 * 86400 * 1_000_000
 """The longest a claim may ask to last (seconds)."""
 
 
@@ -238,63 +239,59 @@ class Engine:
             listener(items)
 
     # -- operations --------------------------------------------------------------------
-    async def claim(self, caller: Caller, demand: Demand, mode: str,
-                    owner_pid: int | None = None, label: str = "", task_name: str = "",
-                    member_pids: tuple[int, ...] = (), priority: int = 0, wait: bool = False,
-                    timeout: float | None = None, reclaimable: bool = False,
-                    duration: float | None = None, session: str | None = None,
-                    dry_run: bool = False, call_serial: int = 0,
-                    isolate: bool | None = None, on: tuple[str, ...] = ()
+    async def claim(self, caller: Caller, ask: ClaimOptions, call_serial: int = 0
                     ) -> tuple[Claim, list[str]]:
-        """Grant ``demand`` all or nothing, or queue it (``wait``); returns the claim (granted
-        or queued) and any warnings.
+        """Grant ``ask.demand`` all or nothing, or queue it (``ask.wait``); returns the claim
+        (granted or queued) and any warnings.
 
         ``member_pids`` are further processes of the caller that belong to the claim from
         the start (gpuctl run's wrapper, which adopts the command's orphans).  A queued
-        claim leaves the queue after ``timeout`` seconds, or when its owner exits.  A claim
-        with a ``duration`` (seconds) ends that long after it was asked for; every claim
-        is granted only until the next booking needs what it holds (``until_usec``).  It
-        belongs to ``session`` (default: the owner's Unix session).
+        claim leaves the queue after its timeout, or when its owner exits.  A claim with a
+        duration ends that long after it was asked for; every claim is granted only until
+        the next booking needs what it holds (``until_usec``).  It belongs to its session
+        (default: the owner's Unix session).
 
         ``dry_run`` decides by the same admission, on a copy of the ledger: the claim
         it answers (granted, or queued) was never made, and nothing else changed.
         ``call_serial``: the serial of the caller's bus call, kept with a waiting claim
         for ``claim_of_call``.  ``isolate``: whether its processes are to be confined to
-        its GPUs (``confine``); None: as the configuration says.  ``on``: the GPUs it may
-        be placed on (() : any)."""
+        its GPUs (``confine``)."""
+        demand, wait, dry_run = ask.demand, ask.wait, ask.dry_run
         self._check_limits(caller, wait, demand)
-        isolated = self.isolated(isolate, mode, caller.uid)
-        if mode not in MODES:
-            raise InvalidArgs(f"mode must be one of {', '.join(MODES)}, not {quoted(mode)}")
-        if priority >= BOOKING_PRIORITY:
-            raise InvalidArgs(f"priority {priority} is kept for bookings: at most "
+        isolated = self.isolated(ask.isolate, ask.mode, caller.uid)
+        if ask.mode not in MODES:
+            raise InvalidArgs(f"mode must be one of {', '.join(MODES)}, not {quoted(ask.mode)}")
+        if ask.priority >= BOOKING_PRIORITY:
+            raise InvalidArgs(f"priority {ask.priority} is kept for bookings: at most "
                               f"{BOOKING_PRIORITY - 1}")
-        if duration is not None and not 0 < duration <= MAX_DURATION:
+        if ask.duration_usec is not None and not 0 < ask.duration_usec <= MAX_DURATION_USEC:
             raise InvalidArgs("a claim must last more than 0 seconds and at most 10 years")
-        member_pids = tuple(dict.fromkeys(member_pids))  # each once, in order
+        member_pids = tuple(dict.fromkeys(ask.member_pids))  # each once, in order
         if len(member_pids) > MAX_MEMBERS:
             raise InvalidArgs(f"{len(member_pids)} member pids given, at most {MAX_MEMBERS} "
                               "may be (the daemon adopts their descendants by itself)")
         look = self.probe.begin() if self._needs_evidence(demand) else None  # (checked meanwhile)
-        pinned = [_callers_process(caller, caller.pid if owner_pid is None else owner_pid,
-                                   "owner", self.tracker.watcher)]
+        owner_pid = caller.pid if ask.owner_pid is None else ask.owner_pid
+        pinned = [_callers_process(caller, owner_pid, "owner", self.tracker.watcher)]
         try:
-            session = self.session_of(pinned[0][0].pid, session)
+            session = self.session_of(pinned[0][0].pid, ask.session)
             self._check_limits(caller, wait, demand, session)  # the session's, now it is known
             pinned += [_callers_process(caller, pid, "member", self.tracker.watcher)
                        for pid in member_pids]
             user = await self.user_name(caller.uid)
             self.alarms.run_due()  # bookings due by now have started: the decision sees them
             now = self.clock()
-            deadline = 0 if timeout is None else now + int(timeout * 1e6)
-            request = ClaimRequest(demand=demand, mode=mode, owner=pinned[0][0], uid=caller.uid,
-                                   user=user, label=label, task_name=task_name,
+            timeout, duration = ask.queue_timeout_usec, ask.duration_usec
+            request = ClaimRequest(demand=demand, mode=ask.mode, owner=pinned[0][0],
+                                   uid=caller.uid, user=user, label=ask.label,
+                                   task_name=ask.task_name,
                                    members=frozenset(ref for ref, _ in pinned[1:]),
-                                   priority=priority, reclaimable=reclaimable,
-                                   queue_deadline_usec=deadline, session=session,
-                                   reply_to=caller.bus_name, reply_serial=call_serial,
-                                   end_usec=0 if duration is None else now + int(duration * 1e6),
-                                   isolated=isolated, on=on)
+                                   priority=ask.priority, reclaimable=ask.reclaimable,
+                                   queue_deadline_usec=0 if timeout is None else now + timeout,
+                                   session=session, reply_to=caller.bus_name,
+                                   reply_serial=call_serial,
+                                   end_usec=0 if duration is None else now + duration,
+                                   isolated=isolated, on=ask.on)
             busy, warnings = frozenset(), []
             if self._needs_evidence(demand):  # again: a waiter for GPUs may have come since
                 busy, warnings = self.tracker.busy_gpus(await self.probe.processes(look))
