@@ -9,7 +9,7 @@ module costs the CLI nothing it does not use.
 
 import os
 
-from resourced.protocol.records import iso_utc
+from resourced.protocol.time import DAY, HOUR, Usec, iso_utc, seconds_of_usec, with_times
 
 SCHEMA = 4
 """The version of ``agent context --json``: keys are added, never changed, within one.
@@ -31,42 +31,29 @@ CONTEXT_BOOKINGS = 100
 when there are more (``gpuctl bookings --json`` and the MCP ``list`` tool give them all):
 an agent reads a context, not a calendar of thousands."""
 
-USEC_PER_HOUR = 3600 * 1_000_000
+NEXT_FOR = HOUR
+"""Microseconds: the context's ``next`` places are for an hour."""
 
-NEXT_FOR = 3600
-"""Seconds: the context's ``next`` places are for an hour."""
-
-HISTORY = 7 * 86400
-"""Seconds: ``usage`` gives the history of this last week (``gpuctl usage``'s default)."""
+HISTORY = 7 * DAY
+"""Microseconds: ``usage`` gives the history of this last week (``gpuctl usage``'s default)."""
 
 HISTORY_KEYS = ("claims", "bookings", "held_gpu_hours", "used_gpu_hours", "idle_gpu_hours",
                 "booked_gpu_hours", "booked_idle_gpu_hours")
 """What ``usage`` says of my history (a row of ``gpuctl usage --json``; 0 for none)."""
 
 
-def with_times(item: dict) -> dict:
-    """JSON: the record, plus its ``start`` and ``end`` as ISO 8601 (UTC), for people and
-    scripts (here, not in gpuctl's calendar commands, so that the agent's path does not
-    load them; memoized: a calendar's times repeat, whole hours)."""
-    out = dict(item)
-    for key in ("start", "end"):
-        if f"{key}_usec" in item:
-            out[key] = iso_utc(item[f"{key}_usec"])
-    return out
-
-
 def context(c) -> dict:
     """``gpuctl agent context --json``: me, what I hold, what is free, the next places for
     one and for all GPUs, the queue, health, notices, limits and the commands to use."""
-    from resourced.client.bookings import now_usec
     from resourced.linux.users import user_name
+    from resourced.protocol.time import now_usec
 
     state = c.status()
     now = now_usec()
-    mine = [b for b in c.bookings(since=now / 1e6, limit=CONTEXT_BOOKINGS + 1)
+    mine = [b for b in c.bookings(since=Usec(now), limit=CONTEXT_BOOKINGS + 1)
             if b["state"] != "ended"]
     gpus = len(state["gpus"])
-    upcoming = {n: next(iter(c.slots(NEXT_FOR, count=1, gpus=n)), None)
+    upcoming = {n: next(iter(c.slots(Usec(NEXT_FOR), count=1, gpus=n)), None)
                 for n in {1, gpus} if 0 < n <= gpus}
     uid = os.getuid()
     owner = lasting_owner()
@@ -141,7 +128,7 @@ def next_place(gpus: int, slot: dict | None) -> dict:
     horizon)."""
     where = with_times(slot) if slot else dict.fromkeys(
         ("start", "end", "start_usec", "end_usec", "gpu_indices"))
-    return {"gpu_count": gpus, "duration_usec": NEXT_FOR * 1_000_000, **where}
+    return {"gpu_count": gpus, "duration_usec": NEXT_FOR, **where}
 
 
 def my_session() -> str:
@@ -159,19 +146,18 @@ def recommend(c, duration, gpus: int | None = None, vram=None, ram=None, cpu=Non
     import shlex
 
     from resourced.client.arguments import memory_and_counts, span
-    from resourced.client.bookings import now_usec
-    from resourced.core.clock import whole_second
     from resourced.protocol.amounts import format_bytes
+    from resourced.protocol.time import now_usec, whole_second
     from resourced.protocol.when import format_span
 
-    seconds = span("duration", duration) / 1e6
+    length = span("duration", duration)
     vram, pools = memory_and_counts(vram, ram, cpu)
     ask = {k: v for k, v in (("gpus", gpus), ("vram", vram), ("ram", pools.get("ram")),
                              ("cpu", pools.get("cpu"))) if v is not None} or {"gpus": 1}
-    found = c.slots(seconds, count=1, **ask)
+    found = c.slots(Usec(length), count=1, **ask)
     free = c.free()
     amounts = [f"--{k} {format_bytes(v) if k in ('vram', 'ram') else v}" for k, v in ask.items()]
-    amounts.append(f"--for {format_span(seconds)}")
+    amounts.append(f"--for {format_span(seconds_of_usec(length))}")
     if not found:
         return {"fits": False, "reason": "it fits nowhere within the booking horizon"}
     if found[0]["start_usec"] <= whole_second(now_usec()) and (
@@ -195,12 +181,12 @@ def usage(c) -> dict:
     """What I hold now and what I have booked ahead, summed (an active booking counts in
     both: its claim is held now, and the rest of it is booked), and my ``history`` of the
     last week from the daemon's usage history (as ``gpuctl usage --user ME``)."""
-    from resourced.client.bookings import now_usec
+    from resourced.protocol.time import now_usec
 
     now = now_usec()
     mine = holdings(c)
-    since = now - HISTORY * 1_000_000
-    past = next(iter(c.usage(since=since / 1e6, until=now / 1e6, uid=os.getuid())), {})
+    since = now - HISTORY
+    past = next(iter(c.usage(since=Usec(since), until=Usec(now), uid=os.getuid())), {})
     granted = [k for k in mine["claims"] if k["state"] == "granted"]
     whole = [k for k in granted if not k["vram_bytes"]]
     pools: dict[str, int] = {}
@@ -225,8 +211,8 @@ def usage(c) -> dict:
         "booked_ahead": {
             "bookings": len(ahead),
             "active": sum(1 for b in ahead if b["state"] == "active"),
-            "gpu_hours": round(gpu_hours / USEC_PER_HOUR, 3),
-            "vram_gib_hours": round(vram_hours / USEC_PER_HOUR / 2**30, 3),
+            "gpu_hours": round(gpu_hours / HOUR, 3),
+            "vram_gib_hours": round(vram_hours / HOUR / 2**30, 3),
             "next_start": min((b["start"] for b in ahead if b["start_usec"] > now),
                               default=None),
         },

@@ -130,6 +130,7 @@ def build_server(link: Bus | None = None) -> Server:
     ``Bus`` found as every client finds it)."""
     from resourced import __version__
     from resourced.errors import ResourcedError
+    from resourced.protocol.time import with_times
     from resourced.protocol.when import DURATION_FORMS, parse_duration
 
     from . import context as agent_context
@@ -163,7 +164,7 @@ def build_server(link: Bus | None = None) -> Server:
         """A change's answer, in book's shape (gpuctl's --json too): status (``unchanged``
         when ``again``: it had been made before) and booking."""
         status = "dry-run" if dry_run else "unchanged" if again else "changed"
-        return {"status": status, "booking": agent_context.with_times(booking)}
+        return {"status": status, "booking": with_times(booking)}
 
     def tool(annotations: dict, *params: Param, name: str | None = None):
         """Register a tool: its docstring as one paragraph for its description."""
@@ -289,7 +290,7 @@ def build_server(link: Bus | None = None) -> Server:
         def reserve(c):
             made = c.book(duration, gpus=gpus, start=start, vram=vram, label=label,
                           task_name=task_name, op_id=operation_id, dry_run=dry_run)
-            return {**made, "booking": agent_context.with_times(made["booking"])}
+            return {**made, "booking": with_times(made["booking"])}
 
         return ask(reserve)
 
@@ -310,7 +311,8 @@ def build_server(link: Bus | None = None) -> Server:
     def cancel(operation_id, booking, reason, dry_run) -> dict:
         """End one of my bookings now (a scheduled one never starts; an active one ends and
         its claim with it). Answers as book does: the status and the booking."""
-        from resourced.client.bookings import cancelled_already, now_usec
+        from resourced.client.bookings import cancelled_already
+        from resourced.protocol.time import now_usec
 
         def cancel_it(c) -> dict:
             asked = now_usec()

@@ -2,11 +2,12 @@
 
 import os
 
+from resourced.protocol.time import SIMULATION_VARIABLE
+
 from .base import Backend, BackendError, GpuLoad, GpuProcess, NoGpus
 
-__all__ = ["Backend", "BackendError", "GpuLoad", "GpuProcess", "NoGpus", "select_backend"]
-
-SIMULATION_VARIABLE = "RESOURCED_SIMULATED_GPUS"
+__all__ = ["SIMULATION_VARIABLE", "Backend", "BackendError", "GpuLoad", "GpuProcess", "NoGpus",
+           "select_backend"]
 
 
 def select_backend(environ=os.environ) -> Backend:

@@ -92,7 +92,7 @@ def error_record(message: str, exit_code: int, code: str | None = None) -> dict:
 def said(message) -> str:
     """A message for a person: the daemon's ISO 8601 instants in local time, as the
     tables write them ("today 21:04"); ISO stays in JSON."""
-    from resourced.client.bookings import in_local_time
+    from resourced.protocol.time import in_local_time
 
     return in_local_time(str(message))
 
@@ -272,18 +272,20 @@ class PoolAmount(click.ParamType):
 
 
 class Duration(click.ParamType):
-    """Seconds, in the one grammar (``resourced.protocol.when``): ``30m``, ``2h``,
-    ``1d2h``, ``1w``, Slurm's ``2:00:00`` and ``1-12:00:00``; a bare number is refused."""
+    """A span in the one grammar (``resourced.protocol.when``): ``30m``, ``2h``, ``1d2h``,
+    ``1w``, Slurm's ``2:00:00`` and ``1-12:00:00``; a bare number is refused.  Microseconds,
+    as ``Usec`` (the client takes them as they are)."""
 
     name = "DURATION"
 
     def convert(self, value, param, ctx):
+        from resourced.protocol.time import Usec, usec_of_seconds
         from resourced.protocol.when import parse_duration
 
-        if isinstance(value, float):
+        if isinstance(value, Usec):
             return value
         try:
-            return parse_duration(value)
+            return Usec(usec_of_seconds(parse_duration(value)))
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
 
@@ -302,13 +304,16 @@ def window_options(low: float, text: str):
     return wrap
 
 
-def window_hours(span: float | None, hours: float | None, low: float) -> float:
-    """The window's span in hours, from ``--span`` or else ``--hours``."""
+def window_hours(span: int | None, hours: float | None, low: float) -> float:
+    """The window's span in hours, from ``--span`` (microseconds) or else ``--hours``;
+    ``low`` is seconds."""
+    from resourced.protocol.time import HOUR, usec_of_seconds
+
     if span is None:
         return 12.0 if hours is None else hours
-    if not low <= span <= MONTH:
+    if not usec_of_seconds(low) <= span <= usec_of_seconds(MONTH):
         raise click.BadParameter(f"must be from {low / 3600:g}h to 30d", param_hint="--span")
-    return span / 3600
+    return span / HOUR
 
 
 class CommandAfterDashes(click.Command):

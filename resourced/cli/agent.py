@@ -79,6 +79,7 @@ def context(bus, as_json):
     if as_json:
         emit_json(data)
         return
+    from resourced.protocol.time import seconds_of_usec
     from resourced.protocol.when import format_span
 
     held = data["holding"]
@@ -87,7 +88,7 @@ def context(bus, as_json):
     free = data["free"]
     click.echo(f"free now: {len(free['gpus'])} GPU(s) {', '.join(free['gpus']) or ''}".rstrip())
     for place in data["next"].values():
-        span = format_span(place["duration_usec"] / 1e6)
+        span = format_span(seconds_of_usec(place["duration_usec"]))
         click.echo(f"next {place['gpu_count']} GPU(s) for {span}: {place['start'] or 'nowhere'}")
     click.echo(f"queue: {len(data['queue'])} waiting; health: {data['health']['level']}")
     for notice in data["notices"]:

@@ -10,8 +10,20 @@ import contextlib
 
 import click
 
-from resourced.agents.context import iso_utc, with_times
 from resourced.protocol.names import JSON_SCHEMA
+from resourced.protocol.time import (
+    HOUR,
+    MINUTE,
+    Usec,
+    iso_utc,
+    local_now,
+    local_text,
+    now_usec,
+    seconds_of_usec,
+    usec_of_seconds,
+    whole_second,
+    with_times,
+)
 
 from ._options import (
     CommandAfterDashes,
@@ -36,7 +48,7 @@ from ._options import (
 )
 from .status import in_units, table
 
-SLOT_NOW_USEC = 60_000_000
+SLOT_NOW_USEC = MINUTE
 """A slot starting within this of now is offered as --at now."""
 MAX_ROWS = 50
 """Bookings a table shows: a person does not read 5,000 lines; --json has them all."""
@@ -45,7 +57,8 @@ MAX_ROWS = 50
 class When(click.ParamType):
     """A moment: ``now``, ``+30m``, ``20:00``, ``tomorrow 09:00``, ``mon 09:00``, ISO 8601;
     for a bound in the past (``past=True``: ``--since``) also a duration, that long ago
-    (``--since 1h``)."""
+    (``--since 1h``).  Microseconds since the epoch, as ``Usec`` (the client takes them as
+    they are)."""
 
     name = "WHEN"
 
@@ -53,17 +66,17 @@ class When(click.ParamType):
         self.past = past
 
     def convert(self, value, param, ctx):
-        from resourced.client.bookings import instant, now_usec
+        from resourced.client.bookings import instant
         from resourced.errors import InvalidArgs
         from resourced.protocol.when import parse_duration
 
         if isinstance(value, int):
-            return value
+            return Usec(value)
         if self.past:
             with contextlib.suppress(ValueError):
-                return now_usec() - int(parse_duration(value) * 1e6)
+                return Usec(now_usec() - usec_of_seconds(parse_duration(value)))
         try:
-            return instant("time", value)
+            return Usec(instant("time", value))
         except InvalidArgs as exc:
             self.fail(exc.message.removeprefix("time: "), param, ctx)
 
@@ -145,7 +158,6 @@ def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_nam
 
     Example: gpuctl book --gpus 1 --for 2h --at 20:00 --ram 4G -- python train.py
     """
-    from resourced.client.bookings import now_usec
 
     form = "gpuctl book [COUNT] [DURATION] [OPTIONS] -- COMMAND [ARGS]..."
     words, command = split_at_dashes(command)
@@ -159,13 +171,10 @@ def book(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_nam
         request["isolate"] = True
     now = now_usec()
     with client(bus) as c:
-        result = c.book(duration, start=None if start is None else start / 1e6,
-                        dry_run=dry_run, session=session, **request)
+        result = c.book(duration, start=start, dry_run=dry_run, session=session, **request)
         if command and not dry_run:
             result["booking"] = _keep_command(c, result["booking"], list(command))
     booking = result["booking"]
-    from resourced.core.clock import whole_second
-
     # (a booking asked for now starts at the next whole second: that is not a queue)
     if result["status"] == "created" and start is None and \
             booking["start_usec"] > whole_second(now):
@@ -199,15 +208,15 @@ def _count_and_duration(words: tuple, gpus, duration, form: str) -> tuple:
             raise click.BadParameter("must be at least 1", param_hint="COUNT")
     if rest:
         try:
-            seconds = Duration().convert(rest[0], None, None)
+            length = Duration().convert(rest[0], None, None)
         except click.BadParameter as exc:
             if len(rest) == 1 and any(c.isdigit() for c in rest[0]):
                 raise click.BadParameter(exc.message, param_hint="DURATION") from None
-            seconds = None
-        if seconds is not None:
+            length = None
+        if length is not None:
             if duration is not None:
                 raise click.UsageError(f"{rest[0]} and --for both say how long: give one")
-            duration = seconds
+            duration = length
             rest.pop(0)
     if rest:
         raise stray_word(rest[0], form)
@@ -224,14 +233,14 @@ def _say_grace(booking: dict) -> None:
     from resourced.runner.service import configured_grace
 
     try:
-        grace = int(configured_grace() * 1e6)
+        grace = usec_of_seconds(configured_grace())
     except GpuctlError:  # the runner will say what is wrong with the file
         return
     capped = grace_for(booking, grace)
     if capped < grace:
-        click.echo(f"gpuctl: the runner's grace ({format_span(grace / 1e6)}) is more than a "
-                   f"quarter of this booking: its command gets SIGTERM "
-                   f"{format_span(capped / 1e6)} before the end", err=True)
+        click.echo(f"gpuctl: the runner's grace ({format_span(seconds_of_usec(grace))}) is "
+                   f"more than a quarter of this booking: its command gets SIGTERM "
+                   f"{format_span(seconds_of_usec(capped))} before the end", err=True)
 
 
 def _keep_command(c, booking: dict, command: list[str]) -> dict:
@@ -239,7 +248,6 @@ def _keep_command(c, booking: dict, command: list[str]) -> dict:
     pending, and warn when no runner is there to start it; the booking's record then."""
     import os
 
-    from resourced.client.bookings import now_usec
     from resourced.errors import ResourcedError
     from resourced.exits import GpuctlError
     from resourced.runner.jobs import (
@@ -298,7 +306,6 @@ def bookings(refs, all_users, since, bus, as_json):
         with client(bus) as c:
             for_each_ref(refs, lambda ref: _show_one(c.booking(ref), as_json), as_json)
         return
-    since = None if since is None else since / 1e6
     with client(bus) as c:
         if as_json:  # the daemon's text is what --json prints: passed on unread
             emit_json(c.bookings_json(all_users=all_users, since=since, until=None, offset=0,
@@ -358,11 +365,11 @@ def edit(ref, gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, tas
             begins = start if start is not None else c.booking(ref)["start_usec"]
             if until <= begins:
                 raise click.UsageError("--until must be after the start")
-            duration = (until - begins) / 1e6
+            duration = Usec(until - begins)
         if duration is not None:
             changes["duration"] = duration
         if start is not None:
-            changes["start"] = start / 1e6
+            changes["start"] = start
         if earliest:
             changes["earliest"] = True
         if op_id is not None:
@@ -390,8 +397,7 @@ def extend(ref, by, until, op_id, dry_run, bus, as_json):
     if (by is None) == (until is None):
         raise click.UsageError("give exactly one of --by or --until")
     with client(bus) as c:
-        booking = c.extend(ref, by=by, until=None if until is None else until / 1e6, op_id=op_id,
-                           dry_run=dry_run)
+        booking = c.extend(ref, by=by, until=until, op_id=op_id, dry_run=dry_run)
     _show_one(booking, as_json, dry_run, status="changed")
 
 
@@ -411,7 +417,7 @@ def cancel(refs, reason, op_id, dry_run, bus, as_json):
 
     Example: gpuctl cancel b3x9k2q
     """
-    from resourced.client.bookings import cancelled_already, now_usec
+    from resourced.client.bookings import cancelled_already
 
     if op_id and len(refs) > 1:
         raise click.UsageError("--op-id names one change: cancel one REF with it")
@@ -450,15 +456,13 @@ def slots(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label, task_na
     request = _request(gpus, named, exclude, vram, ram, cpu, pools, exclusive, label,
                        task_name, default_gpu=True)
     with client(bus) as c:
-        found = c.slots(duration, count=count,
-                        start=None if start is None else start / 1e6, **request)
+        found = c.slots(duration, count=count, start=start, **request)
     if as_json:
         emit_json([with_times(s) for s in found])
         return
     if not found:
         click.echo("it fits nowhere within the booking horizon")
         return
-    from resourced.client.bookings import now_usec
 
     asked = _without(sys.argv[sys.argv.index("slots") + 1:], ("--after", "--count"))
     soon = now_usec() + SLOT_NOW_USEC
@@ -494,7 +498,7 @@ def blackout_add(start, until, reason, bus, as_json):
     if until <= start:
         raise click.UsageError("--until must be after --from")
     with client(bus) as c:
-        result = c.add_blackout(start / 1e6, until / 1e6, reason)
+        result = c.add_blackout(start, until, reason)
     if as_json:
         emit_json({"schema": JSON_SCHEMA, **result})
         return
@@ -555,7 +559,7 @@ def notice_add(text, until, bus, as_json):
     Example: gpuctl notice add "GPU 3 is being replaced on Friday" --until "fri 18:00"
     """
     with client(bus) as c:
-        notice_id = c.add_notice(text, None if until is None else until / 1e6)
+        notice_id = c.add_notice(text, until)
     if as_json:
         emit_json({"schema": JSON_SCHEMA, "id": notice_id})
     else:
@@ -608,15 +612,14 @@ def timeline(span, hours, width, bus, as_json):
     """
     import shutil
 
-    from resourced.client.bookings import local_now, now_usec
     from resourced.tui.timeline import render_timeline
 
     hours = window_hours(span, hours, low=1800)
     now = now_usec()
-    end = now + int(hours * 3600e6)
+    end = now + int(hours * HOUR)
     with client(bus) as c:
         state = c.status()
-        found = c.bookings(all_users=True, since=now / 1e6, until=end / 1e6)
+        found = c.bookings(all_users=True, since=Usec(now), until=Usec(end))
     entries = [{"id": cl["id"], "user": cl["user"], "gpus": cl["gpu_uuids"],
                 "start_usec": cl["created_usec"], "end_usec": cl["until_usec"],
                 "kind": "slurm job" if cl["mode"] == "slurm" else "claim",
@@ -658,8 +661,6 @@ def _show_one(booking: dict, as_json: bool, dry_run: bool = False,
 
 
 def _when(usec: int) -> str:
-    from resourced.client.bookings import local_text
-
     return local_text(usec)
 
 

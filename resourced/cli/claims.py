@@ -344,9 +344,9 @@ def _say_dry_run(result: dict, then: str = "") -> None:
                                                            held["pools"].items()]
         said = f"would be granted {', '.join(where) or 'nothing'}"
         if held["until_usec"]:
-            from resourced.core.clock import utc_text
+            from resourced.protocol.time import iso_utc
 
-            said += f" until {utc_text(held['until_usec'])}"
+            said += f" until {iso_utc(held['until_usec'])}"
     click.echo(f"gpuctl: {said} (dry run: nothing claimed){'; ' + then if then else ''}",
                err=True)
 
@@ -409,7 +409,7 @@ def naming_bookings(c, ref: str):
             booking = None
         if booking is None or booking["state"] != "scheduled":
             raise
-        from resourced.client.bookings import local_text
+        from resourced.protocol.time import local_text
 
         raise GpuctlError(f"{ref} is a booking that starts {local_text(booking['start_usec'])}: "
                           "its claim exists from then", EXIT_NO_SUCH_CLAIM) from None

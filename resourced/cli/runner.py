@@ -32,14 +32,16 @@ def runner(grace, bus):
 
     Example: gpuctl runner --grace 1m
     """
-    if grace is not None and grace > 86400:
+    from resourced.protocol.time import DAY, usec_of_seconds
+
+    if grace is not None and grace > DAY:
         raise click.BadParameter("must be at most 1d", param_hint="--grace")
     from resourced.linux.sd import setup_logging
 
     setup_logging()
     from resourced.runner.service import Runner, configured_grace
 
-    return Runner(bus, configured_grace() if grace is None else grace).run()
+    return Runner(bus, usec_of_seconds(configured_grace()) if grace is None else grace).run()
 
 
 @click.command()

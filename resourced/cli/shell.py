@@ -38,6 +38,7 @@ import time
 import click
 
 from resourced.protocol.names import JSON_SCHEMA
+from resourced.protocol.time import Usec, now_usec, seconds_of_usec
 
 from ._options import bus_option, emit_json, json_option
 
@@ -109,7 +110,7 @@ def valid_until(claim: dict | None, start: int | None, daemon_now: int, wall_now
     left = float(recheck)
     for moment in ((claim or {}).get("until_usec") or None, start):
         if moment is not None:
-            left = min(left, (moment - daemon_now) / 1e6)
+            left = min(left, seconds_of_usec(moment - daemon_now))
     return int(wall_now) + max(1, math.ceil(left))
 
 
@@ -241,13 +242,12 @@ def env_(use_index, bus, as_json):
 
     Example: gpuctl shell env --json
     """
-    from resourced.client.bookings import now_usec
     from resourced.client.sync import Client
 
     with Client(bus=bus, timeout=SHELL_TIMEOUT) as c:
         view = c.status()
         daemon_now = now_usec()
-        bookings = c.bookings(since=daemon_now / 1e6)
+        bookings = c.bookings(since=Usec(daemon_now))
     chosen = choose(view["claims"], os.getuid())
     wanted = claim_variables(chosen, view["gpus"], use_index) if chosen else {}
     ref = chosen["id"] if chosen else ""

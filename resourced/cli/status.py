@@ -1,10 +1,9 @@
 """gpuctl status and free: who holds what, and how much is left."""
 
-import time
-
 import click
 
 from resourced.protocol.names import JSON_SCHEMA
+from resourced.protocol.time import USEC, local_text, now_usec, wall_clock
 
 from ._options import bus_option, client, echo_table, emit_json, json_option
 
@@ -14,8 +13,8 @@ MAX_WAITERS = 20
 """Waiters the status shows; the rest are counted (gpuctl queue lists all)."""
 
 
-def _age(created_usec: int, now: float) -> str:
-    seconds = max(0, int(now - created_usec / 1e6))
+def _age(created_usec: int, now: int) -> str:
+    seconds = max(0, (now - created_usec) // USEC)
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds // size}{unit}"
@@ -32,8 +31,8 @@ def _mode(c: dict) -> str:
     return c["mode"] + (" isolated" if c.get("isolated") else "")
 
 
-def render_status(data: dict, now: float) -> str:
-    """The status table, from the same data ``--json`` prints."""
+def render_status(data: dict, now: int) -> str:
+    """The status table, from the same data ``--json`` prints (``now`` in microseconds)."""
     claims = {c["id"]: c for c in data["claims"]}
     rows = [("GPU", "NAME", "STATE", "CLAIM", "MODE", "USER", "AGE", "OWNER", "TASK", "LABEL")]
     for g in data["gpus"]:
@@ -59,12 +58,10 @@ def render_status(data: dict, now: float) -> str:
                      "(gpuctl verify names them)")
     if data.get("backend_note"):
         lines.append(f"note: {data['backend_note']}")
-    from resourced.client.bookings import local_text
-
     ending = [c for c in data["claims"] if c.get("until_usec") and c["state"] == "granted"]
     for c in sorted(ending, key=lambda c: c["until_usec"]):
         why = f"booking {c['until_booking']} starts" if c["until_booking"] else "it ends"
-        lines.append(f"{c['id']} holds until {local_text(c['until_usec'], int(now * 1e6))} "
+        lines.append(f"{c['id']} holds until {local_text(c['until_usec'], now)} "
                      f"({why})")
     if data.get("bookings_scheduled"):
         lines.append(f"{data['bookings_scheduled']} booking(s) ahead (gpuctl bookings --all, "
@@ -128,7 +125,7 @@ def wanted(c: dict, units: dict[str, str]) -> str:
     return ", ".join(parts)
 
 
-def render_queue(data: dict, now: float, units: dict[str, str],
+def render_queue(data: dict, now: int, units: dict[str, str],
                  most: int | None = None) -> list[str]:
     """The queue as a table: every waiter, or the first ``most``."""
     claims = {c["id"]: c for c in data["claims"]}
@@ -148,8 +145,6 @@ def status(bus, as_json):
 
     Example: gpuctl status --json
     """
-    from resourced.client.bookings import now_usec
-
     with client(bus) as c:
         text = c.status_json()
     if as_json:
@@ -157,7 +152,7 @@ def status(bus, as_json):
     else:
         import json
 
-        echo_table(render_status(json.loads(text), now_usec() / 1e6))
+        echo_table(render_status(json.loads(text), now_usec()))
 
 
 @click.command()
@@ -181,7 +176,7 @@ def queue(bus, as_json):
         click.echo("nobody is waiting")
     else:
         units = {p["name"]: p["unit"] for p in data["pools"]}
-        click.echo("\n".join(render_queue(data, time.time(), units)))
+        click.echo("\n".join(render_queue(data, wall_clock(), units)))
 
 
 @click.command()

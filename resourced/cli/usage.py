@@ -26,7 +26,7 @@ def usage(user, since, until, by, bus, as_json):
 
     Example: gpuctl usage --since "mon 00:00" --by gpu
     """
-    from resourced.client.bookings import now_usec
+    from resourced.protocol.time import now_usec
 
     from .sessions import uid_of
 
@@ -37,9 +37,7 @@ def usage(user, since, until, by, bus, as_json):
                                "usage is what was held in that time")
     uid = None if user is None else uid_of(user)
     with client(bus) as c:
-        rows = c.usage(since=None if since is None else since / 1e6,
-                       until=None if until is None else until / 1e6, uid=uid,
-                       by_gpu=by == "gpu")
+        rows = c.usage(since=since, until=until, uid=uid, by_gpu=by == "gpu")
     if as_json:
         emit_json(rows)
         return

@@ -8,6 +8,7 @@ import os
 
 from resourced.errors import InvalidArgs
 from resourced.protocol import records as tables
+from resourced.protocol.time import USEC, Usec, seconds_of_usec, usec_of_seconds
 
 
 def parsed(parser: str, value, *name: str) -> int:
@@ -77,14 +78,18 @@ def memory_and_counts(vram=None, ram=None, cpu=None, pools=None, vram_mb=None, r
     return None if vram is None else parsed("parse_memory", vram, "vram"), amounts
 
 
-LONGEST_SPAN = 2**63 // 1_000_000
+LONGEST_SPAN = 2**63 // USEC
 """Seconds: the most a duration can be, in the bus's microseconds (a signed 64-bit count)."""
 
 
 def span(name: str, value) -> int:
-    """A duration as microseconds (more than 0)."""
+    """A duration as microseconds (more than 0): seconds, text (``2h``) or a ``Usec``."""
     from resourced.protocol.when import parse_duration
 
+    if isinstance(value, Usec) and 0 < value < 2**63:
+        return int(value)
+    if isinstance(value, Usec):
+        value = seconds_of_usec(value)  # refused below, in seconds as people read them
     if isinstance(value, str):
         try:
             value = parse_duration(value)
@@ -96,4 +101,15 @@ def span(name: str, value) -> int:
     if value >= LONGEST_SPAN:
         raise InvalidArgs(f"{name} must be less than {LONGEST_SPAN // 86400:,} days "
                           f"(about 292,000 years), not {value:.3g} seconds")
-    return int(value * 1_000_000)
+    return usec_of_seconds(value)
+
+
+def wait_span(value) -> int:
+    """How long a claim waits in the queue, as microseconds: seconds or a ``Usec``, at
+    least 0."""
+    if isinstance(value, Usec) and 0 <= value < 2**63:
+        return int(value)
+    seconds = seconds_of_usec(value) if isinstance(value, Usec) else value
+    if not 0 <= seconds < 2**63 / USEC:
+        raise InvalidArgs(f"timeout must be a number of seconds of at least 0, not {seconds!r}")
+    return usec_of_seconds(seconds)

@@ -4,8 +4,9 @@ arguments to bus messages, and replies to plain dicts (the keys of
 
 Times: ``start``, ``until``, ``since`` accept a string as gpuctl reads it (``+30m``,
 ``20:00``, ``tomorrow 09:00``, ISO 8601; relative to now in local time), an aware
-``datetime``, or seconds since the epoch.  Durations accept seconds or a string
-(``2h30m``).  With the simulated backend, *now* is the simulated clock's.
+``datetime``, seconds since the epoch, or microseconds marked ``Usec``
+(``resourced.protocol.time``).  Durations accept seconds, a string (``2h30m``) or a
+``Usec``.  With the simulated backend, *now* is the simulated clock's.
 """
 
 from jeepney import DBusAddress, new_method_call
@@ -13,6 +14,7 @@ from jeepney import DBusAddress, new_method_call
 from resourced.errors import InvalidArgs
 from resourced.protocol import records as tables
 from resourced.protocol.names import BUS_NAME, MANAGER_IFACE, MANAGER_PATH
+from resourced.protocol.time import USEC, Usec, local_now, usec_of_seconds, whole_second
 
 from .arguments import (
     INT32,
@@ -29,57 +31,10 @@ _MANAGER = DBusAddress(MANAGER_PATH, bus_name=BUS_NAME, interface=MANAGER_IFACE)
 USEC_MAX = 2**64 - 1
 
 
-def now_usec() -> int:
-    """Now, as the daemon sees it (the simulated clock where one is set)."""
-    from resourced.backends.simclock import clock_from_env
-
-    try:
-        return clock_from_env()[0]()
-    except ValueError as exc:
-        raise InvalidArgs(str(exc)) from None
-
-
 def cancelled_already(booking: dict, asked_usec: int) -> bool:
     """Whether the booking ``cancel`` answered with was cancelled before ``asked_usec``
     (the moment the cancel was asked): a repeated cancel, which changed nothing."""
     return booking["ended"] == "cancelled" and 0 < booking["ended_usec"] < asked_usec
-
-
-def local_now(usec: int | None = None):
-    """Now (or ``usec``) in the local zone."""
-    from datetime import UTC
-
-    from resourced.protocol.when import moment
-
-    return moment(now_usec() if usec is None else usec, UTC).astimezone()
-
-
-def local_text(usec: int, now: int | None = None) -> str:
-    """An instant as a table shows it: ``today 20:00``, in local time, relative to now."""
-    from resourced.protocol.when import format_when, moment
-
-    here = local_now(now)
-    return format_when(moment(usec, here.tzinfo), here)
-
-
-ISO_INSTANT = r"\d{4}-\d\d-\d\dT\d\d:\d\d(?::\d\d(?:\.\d+)?)?(?:Z|[+-]\d\d:\d\d)"
-
-
-def in_local_time(text: str) -> str:
-    """``text`` (a daemon's warning or refusal) with its ISO 8601 instants written as the
-    tables write them: ``today 21:04``, in local time."""
-    import re
-    from datetime import datetime
-
-    from resourced.protocol.when import usec
-
-    def local(match):
-        try:
-            return local_text(usec(datetime.fromisoformat(match[0].replace("Z", "+00:00"))))
-        except ValueError:
-            return match[0]
-
-    return re.sub(ISO_INSTANT, local, text)
 
 
 def instant(name: str, value, now: int | None = None) -> int:
@@ -87,7 +42,6 @@ def instant(name: str, value, now: int | None = None) -> int:
     the next whole second, as the daemon places bookings (so back to back stays so)."""
     from datetime import datetime
 
-    from resourced.core.clock import whole_second
     from resourced.protocol.when import parse_when, usec
 
     if isinstance(value, str):
@@ -100,8 +54,11 @@ def instant(name: str, value, now: int | None = None) -> int:
         if value.tzinfo is None:
             raise InvalidArgs(f"{name} must be an aware datetime (with a zone)")
         return usec(value)
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 2**63 / 1e6:
-        return int(value * 1_000_000)
+    if isinstance(value, Usec) and 0 <= value < 2**63:
+        return int(value)
+    if isinstance(value, (int, float)) and not isinstance(value, (bool, Usec)) and \
+            0 <= value < 2**63 / USEC:
+        return usec_of_seconds(value)
     raise InvalidArgs(f"{name} must be a time (text, datetime or epoch seconds), not {value!r}")
 
 

@@ -20,7 +20,6 @@ from jeepney.low_level import HeaderFields
 from resourced.errors import (
     DaemonUnreachable,
     GPUsBusy,
-    InvalidArgs,
     NoSuchClaim,
     NotEnoughCapacity,
     NotEnoughGPUs,
@@ -40,6 +39,7 @@ from resourced.protocol.names import (
     no_session_bus,
     session_bus_missing,
 )
+from resourced.protocol.time import seconds_of
 
 from . import discovery, sandbox, signals, waiting, wire
 from .arguments import (
@@ -50,6 +50,7 @@ from .arguments import (
     memory_and_counts,
     session_option,
     span,
+    wait_span,
 )
 from .bookings import BookingCalls
 from .environment import claim_env
@@ -145,7 +146,8 @@ class Calls(BookingCalls):
         if not wait or dry_run:
             ref, _path, grant = yield msg
             return self._allocation(ref, grant, use_index)
-        return (yield from waiting.wait(self, msg, timeout, progress, use_index))
+        return (yield from waiting.wait(self, msg, None if timeout is None else
+                                        seconds_of(timeout), progress, use_index))
 
     @call(entered=True)
     def acquire(self, gpus: int = 0, vram=None, ram=None, cpu=None, pools: dict | None = None,
@@ -371,8 +373,7 @@ class Calls(BookingCalls):
                        isolate=None, gpu_names=None, exclude=None):
         gpus = bus_whole("gpus", gpus, 0, UINT32_MAX)
         vram, amounts = memory_and_counts(vram, ram, cpu, pools, vram_mb, ram_mb)
-        if timeout is not None and not 0 <= timeout < 2**63 / 1e6:
-            raise InvalidArgs(f"timeout must be a number of seconds of at least 0, not {timeout!r}")
+        queue_timeout = None if timeout is None else wait_span(timeout)
         options = {**session_option(session), **tables.options(
             tables.CLAIM_OPTIONS, vram_bytes=vram, pools=amounts or None,
             gpu_names=gpu_names if gpu_names is None else [bus_string("GPU", str(g))
@@ -389,7 +390,7 @@ class Calls(BookingCalls):
             priority=bus_whole("priority", priority, *INT32) or None,
             wait=wait or None,
             reply_when_granted=held or None,
-            queue_timeout_usec=None if timeout is None else int(timeout * 1e6),
+            queue_timeout_usec=queue_timeout,
             reclaimable=reclaimable or None,
             duration_usec=None if duration is None else span("duration", duration))}
         return self._call("Claim", "ua{sv}", (gpus, options))
@@ -498,7 +499,7 @@ class Leased(Defined):
     ``release()``, on leaving its ``with`` block, or when the process dies."""
 
     def __init__(self, client: Calls, granted: dict):
-        from .bookings import in_local_time
+        from resourced.protocol.time import in_local_time
 
         self.client = client
         self.allocation = granted["allocation"]

@@ -35,9 +35,10 @@ from resourced.errors import (
     NotEnoughGPUs,
     quoted,
 )
+from resourced.protocol.time import HOUR, USEC, iso_utc, usec_of_seconds
 
 from .claims import Demand, check_named, check_text
-from .clock import LAST_INSTANT, Deadlines, utc_text
+from .clock import LAST_INSTANT, Deadlines
 from .lifecycle import (
     ACTIVE,
     BOOKING,
@@ -286,7 +287,7 @@ class Calendar:
         check_instant("the new end", end_usec)
         if end_usec <= floor:
             raise InvalidArgs("the new end must be after now and after the start")
-        if end_usec - old.start_usec > self.limits.longest * 1e6 > 0:
+        if end_usec - old.start_usec > self.limits.longest * USEC > 0:
             raise InvalidArgs(f"a booking may last at most {_span(self.limits.longest)}")
         if end_usec > old.end_usec:
             added = replace(old.request, duration_usec=end_usec - old.end_usec, start_usec=None)
@@ -314,7 +315,7 @@ class Calendar:
             if old.ended == CANCELLED and uid == old.uid:  # its owner's retry: it happened
                 return old, []
             raise InvalidArgs(f"booking {booking_id} ended already ({old.ended} at "
-                              f"{utc_text(old.ended_usec)})")
+                              f"{iso_utc(old.ended_usec)})")
         if uid != old.uid and uid != 0 and not reason:
             raise InvalidArgs("cancelling someone else's booking needs a reason")
         check_text("reason", reason)
@@ -363,7 +364,7 @@ class Calendar:
 
     def prune(self, now: int) -> list[str]:
         """Forget ended bookings older than the retention; returns their ids."""
-        cutoff = now - int(self.limits.retention * 1e6)
+        cutoff = now - usec_of_seconds(self.limits.retention)
         gone = [b.id for b in self.bookings.values() if b.state == ENDED and b.ended_usec < cutoff]
         gone += [n.id for n in self.notices.values() if 0 < n.until_usec <= now]
         for item_id in gone:
@@ -415,7 +416,7 @@ class Calendar:
             fit = self.timeline.earliest(request.takes, request.duration_usec,
                                          not_before, allowed=request.on(self.timeline.memory),
                                          blocked=self._blocked())
-            if fit is None or (self.limits.horizon and fit[0] - now > self.limits.horizon * 1e6):
+            if fit is None or (self.limits.horizon and fit[0] - now > self.limits.horizon * USEC):
                 break  # never, or not within the horizon: book would refuse it
             start, whole, share = fit
             found.append((start, _gpus(whole, share)))
@@ -500,7 +501,7 @@ class Calendar:
         if nearest is None:
             return f"{_describe(demand)} {why}, and never fits{self._never_why(ignore)}"
         where = ", ".join(self.labels.get(u, u) for u in _gpus(*nearest[1:])) or "the pools"
-        return (f"{_describe(demand)} {why}; the nearest start that fits: {utc_text(nearest[0])} "
+        return (f"{_describe(demand)} {why}; the nearest start that fits: {iso_utc(nearest[0])} "
                 f"on {where}")
 
     def _never_why(self, ignore) -> str:
@@ -516,12 +517,12 @@ class Calendar:
 
     def _check_request(self, request: BookingRequest) -> None:
         """What makes a request impossible whenever it is: too long, more than there is."""
-        if self.limits.longest and request.duration_usec > self.limits.longest * 1e6:
+        if self.limits.longest and request.duration_usec > self.limits.longest * USEC:
             raise InvalidArgs(f"a booking may last at most {_span(self.limits.longest)}")
         _check_satisfiable(request, self.timeline)
 
     def _check_horizon(self, start: int, now: int) -> None:
-        if self.limits.horizon and start - now > self.limits.horizon * 1e6:
+        if self.limits.horizon and start - now > self.limits.horizon * USEC:
             raise InvalidArgs(f"bookings may start at most {_span(self.limits.horizon)} ahead")
 
     def _in_the_way(self, old: Booking, until: int) -> str:
@@ -550,8 +551,8 @@ class Calendar:
         where = ", ".join(self.labels.get(u, u) for u in old.gpus)
         if when <= old.end_usec:
             return f"{what} holds {where} from its end on"
-        return (f"{what} holds {where} from {utc_text(when)}; the latest end that fits is "
-                f"{utc_text(when)}")
+        return (f"{what} holds {where} from {iso_utc(when)}; the latest end that fits is "
+                f"{iso_utc(when)}")
 
     def _blocked(self, kept: tuple[int, int] | None = None) -> tuple[tuple[int, int], ...]:
         """The blackout windows, less the time ``kept`` (what an edited booking had)."""
@@ -578,11 +579,11 @@ class Calendar:
                 ((booking.uid, booking.session), self.limits.gpu_hours_per_session,
                  "max_booked_gpu_hours_per_session")):
             booked = self._booked_of[key]
-            if most and booked + added > most * 3600e6:
+            if most and booked + added > most * HOUR:
                 whose = f"uid {booking.uid}" if name.endswith("user") else \
                     f"session {booking.session}"
                 raise LimitExceeded(
-                    f"{whose} has {booked / 3600e6:g} GPU-hour(s) booked; {added / 3600e6:g} "
+                    f"{whose} has {booked / HOUR:g} GPU-hour(s) booked; {added / HOUR:g} "
                     f"more would pass the most allowed, {most:g} ({name})")
 
     def _own(self, booking_id: str, uid: int, admin: bool) -> Booking:

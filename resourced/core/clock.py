@@ -2,38 +2,23 @@
 
 The core never reads the time itself: it is handed ``now`` (microseconds since the Unix
 epoch, UTC).  The engine takes a clock, a callable returning that number; the daemon's is
-the wall clock, the tests' a ``ManualClock`` they move by hand.  Everything that happens
-at a time (a queue timeout today; a booking's start, its end, a warning before it, a
-no-show later) is a deadline in one ``Deadlines`` table, and the engine keeps a single
-timer, for the earliest one.
+the wall clock (or the simulated one: both in ``resourced.protocol.time``), the tests' a
+``ManualClock`` they move by hand.  Everything that happens at a time (a queue timeout
+today; a booking's start, its end, a warning before it, a no-show later) is a deadline in
+one ``Deadlines`` table, and the engine keeps a single timer, for the earliest one.
 """
 
 import heapq
 import itertools
-import time
 from collections.abc import Callable, Hashable
-from datetime import UTC, datetime
+
+from resourced.protocol.time import usec_of_seconds
 
 Clock = Callable[[], int]
 """Returns now, in microseconds since the Unix epoch."""
 
 LAST_INSTANT = 253_402_300_799_999_999
 """9999-12-31T23:59:59.999999Z: no time the daemon accepts lies past it (datetime's end)."""
-
-
-def wall_clock() -> int:
-    return time.time_ns() // 1000
-
-
-def whole_second(usec: int) -> int:
-    """``usec`` rounded up to the second: where bookings are placed from (a time a person
-    types or reads to the second then names it exactly)."""
-    return -(-usec // 1_000_000) * 1_000_000
-
-
-def utc_text(usec: int) -> str:
-    """An instant for a message or a log: ISO 8601 in UTC, to the second."""
-    return datetime.fromtimestamp(usec / 1e6, UTC).isoformat(timespec="seconds")
 
 
 class ManualClock:
@@ -46,7 +31,7 @@ class ManualClock:
         return self.now_usec
 
     def advance(self, seconds: float) -> None:
-        self.now_usec += int(seconds * 1e6)
+        self.now_usec += usec_of_seconds(seconds)
 
 
 class Deadlines:

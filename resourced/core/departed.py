@@ -5,8 +5,7 @@ latest ``KEPT`` of them, when and how each ended."""
 from collections import OrderedDict
 
 from resourced.errors import NoSuchClaim, quoted
-
-from .clock import utc_text
+from resourced.protocol.time import iso_utc
 
 KEPT = 10_000
 """Ended claims remembered (about 1 MB): a retry comes seconds after, not days."""
@@ -31,4 +30,4 @@ class Departed:
         if ended is None:
             return NoSuchClaim(f"no claim {quoted(claim_id)} (unknown or already released)")
         reason, usec = ended
-        return NoSuchClaim(f"claim {claim_id} ended {utc_text(usec)} ({reason})")
+        return NoSuchClaim(f"claim {claim_id} ended {iso_utc(usec)} ({reason})")

@@ -11,7 +11,8 @@ directory) and the daemon's sampling live at the edges.
 
 from dataclasses import dataclass
 
-HOUR = 3600 * 1_000_000
+from resourced.protocol.time import HOUR, USEC
+
 RESOLUTIONS = {"minute": 60, "hour": 3600, "day": 86400}
 """Load buckets, in seconds: every sample is added to one bucket of each."""
 
@@ -30,7 +31,7 @@ class Hold:
 
 def bucket(usec: int, seconds: int) -> int:
     """The start (microseconds) of the bucket of ``seconds`` that ``usec`` falls in."""
-    width = seconds * 1_000_000
+    width = seconds * USEC
     return usec - usec % width
 
 

@@ -23,7 +23,6 @@ from dbus_fast import BusType, Message, MessageType, NameFlag, RequestNameReply
 
 from resourced import __version__
 from resourced.backends import select_backend
-from resourced.backends.simclock import clock_from_env
 from resourced.config import Config, ConfigError, find_config, load_config, reload_changes
 from resourced.evidence.host import host_pools
 from resourced.evidence.processes import boot_id
@@ -38,6 +37,7 @@ from resourced.protocol.names import (
     no_session_bus,
     session_bus_missing,
 )
+from resourced.protocol.time import clock_from_env
 
 from . import memory
 from .bus.caller import remember_call

@@ -25,6 +25,7 @@ from resourced.core.exposition import COUNTER, GAUGE, Family, render
 from resourced.core.health import LEVELS
 from resourced.core.lifecycle import ACTIVE, GRANTED, SCHEDULED
 from resourced.linux.atomic_file import write_atomically
+from resourced.protocol.time import seconds_of_usec, usec_of_seconds
 
 from .bus.errors import ANSWERED
 
@@ -103,7 +104,7 @@ class Metrics:
     def _queue(self) -> list[Family]:
         queue = list(self.engine.ledger.waiting)
         now = self.engine.clock()
-        oldest = max(((now - c.created_usec) / 1e6 for c in queue), default=0.0)
+        oldest = max((seconds_of_usec(now - c.created_usec) for c in queue), default=0.0)
         return [Family("resourced_queue_length", GAUGE, "Claims waiting.").add(len(queue)),
                 Family("resourced_queue_oldest_wait_seconds", GAUGE,
                        "How long the longest waiter has waited (0: nobody waits).").add(
@@ -145,7 +146,7 @@ class Metrics:
         read_at, rows = self._usage
         if fresh or time.monotonic() - read_at >= self.refresh:
             now = self.engine.clock()
-            rows = {window: self.engine.history.usage(now - int(seconds * 1e6), now)
+            rows = {window: self.engine.history.usage(now - usec_of_seconds(seconds), now)
                     for window, seconds in WINDOWS.items()}
             self._usage = (time.monotonic(), rows)
         held = Family("resourced_gpu_hours_held", GAUGE,

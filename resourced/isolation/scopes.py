@@ -12,12 +12,13 @@ import logging
 from dbus_fast import Message, MessageType
 
 from resourced.errors import Internal
+from resourced.protocol.time import USEC
 
 from .helper import BUS_NAME, INTERFACE, PATH, SCOPE_PREFIX, SIGNATURE, SYSTEMD
 
 log = logging.getLogger("resourced")
 
-STOP_TIMEOUT_USEC = 10_000_000
+STOP_TIMEOUT_USEC = 10 * USEC
 """A scope being stopped gets SIGTERM, then SIGKILL this long after (as gpuctl run's end)."""
 UNAVAILABLE_ON_USER_BUS = (
     "isolation needs the system service (gpuctl service enable --system): a user's systemd "

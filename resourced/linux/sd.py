@@ -47,8 +47,10 @@ def watchdog_interval() -> float | None:
     pid = os.environ.get("WATCHDOG_PID")
     if not usec or (pid and pid != str(os.getpid())):
         return None
+    from resourced.protocol.time import seconds_of_usec
+
     try:
-        return int(usec) / 2e6
+        return seconds_of_usec(int(usec)) / 2
     except ValueError:
         return None
 

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from resourced.config import DaemonConfig
 from resourced.core.health import NOT_MEASURED, OK, STOP, UNAVAILABLE, WARN
 from resourced.exits import GpuctlError
+from resourced.protocol.time import usec_of_seconds
 
 log = logging.getLogger("resourced.notify")
 
@@ -216,7 +217,7 @@ class Blackouts:
         self._warned.intersection_update(self._coming)
 
     def _warn_at(self, blackout: dict) -> int:
-        return blackout["start_usec"] - int(self.lead * 1_000_000)
+        return blackout["start_usec"] - usec_of_seconds(self.lead)
 
     def next_due(self) -> int | None:
         """When the next warning is due (microseconds), None if none is."""
@@ -530,14 +531,13 @@ class Agent:
         the simulated clock, which tests move at will)."""
         import asyncio
 
-        from resourced.backends.simclock import clock_from_env
-        from resourced.client.bookings import now_usec
+        from resourced.protocol.time import clock_from_env, now_usec, seconds_of_usec
 
         look = 1.0 if clock_from_env()[1] else WALL_CLOCK_LOOK
         while True:
             self._rescheduled.clear()
             due = self.blackouts.next_due()
-            wait = look if due is None else min(look, (due - now_usec()) / 1e6)
+            wait = look if due is None else min(look, seconds_of_usec(due - now_usec()))
             if wait <= 0:
                 await self.queue.put(BLACKOUT_DUE)
                 await self._rescheduled.wait()  # set once it is handled
@@ -609,7 +609,8 @@ class Agent:
 
     async def calendar_signal(self, member: str, body: tuple, path: str) -> None:
         """A bubble for a calendar signal that concerns this user."""
-        from resourced.client.bookings import local_now, record
+        from resourced.client.bookings import record
+        from resourced.protocol.time import local_now
         from resourced.protocol.when import format_when, moment
 
         now = local_now()
@@ -645,7 +646,7 @@ class Agent:
     async def warn_of_blackouts(self) -> None:
         """A warning is due: read again (a removed blackout sends no signal), then warn of
         each blackout over a booking of mine that begins within ``warn_before``."""
-        from resourced.client.bookings import local_text, now_usec
+        from resourced.protocol.time import local_text, now_usec
 
         await self.read_blackouts()
         now = now_usec()

@@ -10,7 +10,6 @@ microseconds (``...USec``, ``..._usec``).
 """
 
 import functools
-import time
 from typing import NamedTuple
 
 
@@ -130,17 +129,6 @@ def options(kind: tuple[Field, ...], **values) -> dict:
     if unknown:
         raise TypeError(f"not an option of this method: {', '.join(sorted(unknown))}")
     return {given[k].wire: (given[k].signature, v) for k, v in values.items() if v is not None}
-
-
-def iso_utc(usec: int) -> str:
-    """ISO 8601 in UTC, to the second, as JSON records give ``start`` and ``end``
-    (time.strftime: 10 times datetime's speed, which shows with thousands of records)."""
-    return _iso_second(usec // 1_000_000)
-
-
-@functools.lru_cache(maxsize=4096)
-def _iso_second(second: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second))
 
 
 def read(kind: tuple[Field, ...], data: dict) -> dict:

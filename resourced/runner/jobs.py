@@ -49,9 +49,10 @@ from resourced.core.lifecycle import (
 )
 from resourced.linux.atomic_file import write_atomically
 from resourced.linux.xdg import base_dir
+from resourced.protocol.time import MINUTE, USEC
 from resourced.supervision.stopping import stop_signal
 
-MISSED_AFTER_USEC = 60 * 1_000_000
+MISSED_AFTER_USEC = MINUTE
 """A job whose booking had started longer than this before the runner saw it is missed."""
 LOG_LIMIT = 10 * 1024 * 1024
 """A job's log keeps at most this much: the newest output, in two halves (see LogWriter)."""
@@ -326,8 +327,8 @@ def pending_decision(booking: dict | None, seen_usec: int | None) -> tuple[str, 
         return None
     late = seen_usec - booking["start_usec"]
     if late > MISSED_AFTER_USEC:
-        return MISSED, (f"the runner saw the booking {late // 1_000_000} s after its start "
-                        f"(more than {MISSED_AFTER_USEC // 1_000_000} s)")
+        return MISSED, (f"the runner saw the booking {late // USEC} s after its start "
+                        f"(more than {MISSED_AFTER_USEC // USEC} s)")
     return START, ""
 
 

@@ -53,13 +53,15 @@ class Watched:
 
 
 class Runner:
-    def __init__(self, requested_bus: str | None, grace: float, directory=None,
+    def __init__(self, requested_bus: str | None, grace_usec: int, directory=None,
                  environ=None):
+        from resourced.protocol.time import seconds_of_usec
+
         from .jobs import jobs_dir
 
         self.requested_bus = requested_bus
-        self.grace = grace
-        self.grace_usec = int(grace * 1_000_000)
+        self.grace_usec = grace_usec
+        self.grace = seconds_of_usec(grace_usec)  # for the monotonic clock and the log
         self.dir = directory if directory is not None else jobs_dir()
         self.environ = os.environ if environ is None else environ
         self.bus: str | None = None
@@ -414,14 +416,14 @@ class Runner:
 
     # -- small helpers -----------------------------------------------------------------
     def now(self) -> int:
-        from resourced.client.bookings import now_usec
         from resourced.errors import InvalidArgs
+        from resourced.protocol.time import now_usec, wall_clock
 
         try:
             return now_usec()
         except InvalidArgs as exc:  # a simulated clock file gone bad: the last word is
             log.warning("%s; using the wall clock", exc)
-            return time.time_ns() // 1000
+            return wall_clock()
 
     def _forget(self, booking_id: str) -> None:
         if booking_id not in self.watched:

@@ -83,15 +83,15 @@ def stop_at_end(bus: str, ref: str, pid: int) -> None:
     import contextlib
     import threading
 
-    from resourced.client.bookings import now_usec
     from resourced.client.sync import Client
     from resourced.errors import ResourcedError
+    from resourced.protocol.time import now_usec, seconds_of_usec
 
     def watch():
         with contextlib.suppress(OSError, ResourcedError), Client(bus=bus) as c:
             while True:
                 until = c.allocation(ref)["allocation"]["until_usec"]
-                left = (until - now_usec()) / 1e6 if until else 60.0
+                left = seconds_of_usec(until - now_usec()) if until else 60.0
                 if until and left <= 0:
                     break
                 time.sleep(min(max(left, 0.05), 1.0))

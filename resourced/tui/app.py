@@ -27,9 +27,19 @@ from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
 
-from resourced.client.bookings import local_now, local_text, now_usec
 from resourced.client.sync import SharedClient
 from resourced.errors import NotEnoughCapacity, ResourcedError
+from resourced.protocol.time import (
+    DAY,
+    HOUR,
+    USEC,
+    Usec,
+    local_now,
+    local_text,
+    now_usec,
+    seconds_of_usec,
+    whole_second,
+)
 from resourced.protocol.when import format_span
 
 from . import model
@@ -40,14 +50,13 @@ DEBOUNCE = 0.1
 MIN_DELAY = 0.01
 TICK = 60.0
 """Seconds between redraws for the moving now (on the minute)."""
-DAY = 86_400_000_000
 CALL_TIMEOUT = 10.0
 PALETTE = ("cyan", "magenta", "green", "yellow", "bright_blue", "red", "bright_cyan",
            "bright_magenta", "bright_green", "bright_yellow", "blue", "bright_red")
 
 
 def _span_text(usec: int) -> str:
-    return format_span(usec / 1e6)
+    return format_span(seconds_of_usec(usec))
 
 
 class Timeline(Static):
@@ -97,13 +106,13 @@ class TopScreen(Screen):
             super().__init__()
             self.reason = reason
 
-    def __init__(self, bus: str | None, hours: float, length_s: float):
+    def __init__(self, bus: str | None, hours: float, length: int):
         super().__init__()
         self.bus = bus
         now = now_usec()
         self.tz = local_now(now).tzinfo
         self.viewport = model.Viewport(max(model.MINUTE, round(hours * model.HOUR)),
-                                       max(model.MINUTE, round(length_s * 1e6)), self.tz)
+                                       max(model.MINUTE, length), self.tz)
         self.uid = os.getuid()
         self.status: dict | None = None
         self.bookings: list[dict] = []
@@ -172,7 +181,7 @@ class TopScreen(Screen):
     def _read(self, since: int) -> None:
         try:
             status, bookings = self._call(lambda c: (c.status(), c.bookings(
-                all_users=True, since=since // 1_000_000)))
+                all_users=True, since=Usec(since))))
         except Exception as exc:  # noqa: BLE001 - shown; the next signal or r reads again
             self._post(self._read_failed, str(exc))
         else:
@@ -440,20 +449,20 @@ class TopScreen(Screen):
             return
         gpu, at = place
         now = now_usec()
-        start = None if at <= now else -(-at // 1_000_000)  # whole seconds, as typed times are
+        start = None if at <= now else Usec(whole_second(at))  # whole seconds, as typed times are
         self._act(partial(self._book, gpu, start, self.viewport.length))
 
     def _book(self, gpu: dict, start: int | None, length: int) -> str:
-        seconds = length // 1_000_000
+        whole = Usec(length - length % USEC)  # whole seconds
         what = f"{gpu['label']} for {_span_text(length)}"
         try:
-            made = self._call(lambda c: c.book(seconds, start=start, gpu_names=[gpu["uuid"]]))
+            made = self._call(lambda c: c.book(whole, start=start, gpu_names=[gpu["uuid"]]))
         except NotEnoughCapacity as exc:
             if start is None:
                 raise
-            made = self._call(lambda c: c.book(seconds, start=None, gpu_names=[gpu["uuid"]]))
+            made = self._call(lambda c: c.book(whole, start=None, gpu_names=[gpu["uuid"]]))
             b = made["booking"]
-            return (f"{what} does not fit at {local_text(start * 1_000_000)} ({exc}); booked "
+            return (f"{what} does not fit at {local_text(start)} ({exc}); booked "
                     f"the earliest fit instead: {b['id']} {_window(b)}")
         b = made["booking"]
         return f"booked {b['id']}: {what}, {_window(b)}"
@@ -463,11 +472,11 @@ class TopScreen(Screen):
         if entry is None:
             self._say("no booking under the cursor (tab goes to the next)", True)
             return
-        ref, by = entry["id"], self.viewport.length // 1_000_000
+        ref, by = entry["id"], Usec(self.viewport.length - self.viewport.length % USEC)
 
         def extend() -> str:
             b = self._call(lambda c: c.extend(ref, by=by))
-            return f"extended {ref} by {format_span(by)}: {_window(b)}"
+            return f"extended {ref} by {_span_text(by)}: {_window(b)}"
 
         self._act(extend)
 
@@ -630,7 +639,7 @@ class TopApp(App):
     #message { height: auto; margin: 1 0 0 0; }
     """
 
-    def __init__(self, bus: str | None = None, hours: float = 12.0, length: float = 3600.0):
+    def __init__(self, bus: str | None = None, hours: float = 12.0, length: int = HOUR):
         super().__init__()
         self.top = TopScreen(bus, hours, length)
 

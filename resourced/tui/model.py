@@ -18,6 +18,8 @@ Standard library only.
 from dataclasses import dataclass
 from datetime import tzinfo
 
+from resourced.protocol.time import HOUR, MINUTE
+
 from .timeline import (
     FREE,
     LETTERS,
@@ -35,8 +37,6 @@ from .timeline import (
     midnight_of,
 )
 
-MINUTE = 60_000_000
-HOUR = 60 * MINUTE
 SPANS = tuple(h * HOUR for h in (1, 2, 3, 6, 12, 24, 48, 72, 168, 336, 720))
 """The zoom levels: the window's span, 1 hour to 30 days."""
 STEPS = tuple(m * MINUTE for m in (1, 2, 5, 10, 15, 20, 30, 60, 120, 180, 240, 360, 720, 1440))

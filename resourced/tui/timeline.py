@@ -30,6 +30,8 @@ Standard library only: this runs on the CLI path.
 
 from datetime import date, datetime, time, timedelta, tzinfo
 
+from resourced.protocol.time import USEC
+
 MIN_WIDTH = 40
 """The narrowest rendering there is; below it ``render_timeline`` raises ValueError."""
 MIN_LABEL = 5
@@ -44,7 +46,6 @@ TICK_MINUTES = (1, 2, 5, 10, 15, 20, 30, 60, 120, 180, 240, 360, 480, 720, 1440,
 TICK_COLUMNS = 10
 """The fewest columns wanted between two time labels."""
 
-_USEC = 1_000_000
 _DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
@@ -65,7 +66,7 @@ def render_timeline(gpus: list[dict], entries: list[dict], now_usec: int, hours:
         return "no GPUs to show"
     label_w = min(max(MIN_LABEL, *(len(g["label"]) for g in gpus)), width - 1 - MIN_CELLS)
     cells = width - label_w - 1
-    window = max(1, round(hours * 3600 * _USEC))
+    window = max(1, round(hours * 3600 * USEC))
     grid = Grid(now_usec, window, cells)
 
     shown = {g["uuid"] for g in gpus}
@@ -131,9 +132,9 @@ def axis_lines(grid: Grid, tz) -> tuple[str, str, str]:
     end = grid.now + grid.window
     start_local = local_time(grid.now, tz)
     span_minutes = next((m for m in TICK_MINUTES
-                         if m * 60 * _USEC * grid.cells >= TICK_COLUMNS * grid.window),
+                         if m * 60 * USEC * grid.cells >= TICK_COLUMNS * grid.window),
                         TICK_MINUTES[-1])
-    step = span_minutes * 60 * _USEC
+    step = span_minutes * 60 * USEC
     base = midnight_of(start_local.date(), tz)
     times = _Line(grid.cells)
     axis = [" "] * grid.cells
@@ -222,13 +223,13 @@ def _when(entry: dict, now: int, today: date, tz) -> str:
 
 
 def local_time(usec: int, tz) -> datetime:
-    seconds, micro = divmod(usec, _USEC)
+    seconds, micro = divmod(usec, USEC)
     return datetime.fromtimestamp(seconds, tz).replace(microsecond=micro)
 
 
 def midnight_of(day: date, tz) -> int:
     """The instant a local day begins, in microseconds since the epoch."""
-    return int(datetime.combine(day, time(0), tzinfo=tz).timestamp()) * _USEC
+    return int(datetime.combine(day, time(0), tzinfo=tz).timestamp()) * USEC
 
 
 def _hhmm(moment: datetime) -> str:

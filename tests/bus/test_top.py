@@ -74,7 +74,7 @@ async def until(pilot, predicate, timeout: float, what: str):
         await pilot.pause(0.02)
 
 
-def run_app(scenario, size=(140, 40), hours=12.0, length=3600.0):
+def run_app(scenario, size=(140, 40), hours=12.0, length=3_600_000_000):
     """Run ``scenario(app, top, pilot)`` in ``TopApp`` under the pilot, once it has read."""
     from resourced.tui.app import TopApp
 
@@ -241,8 +241,8 @@ ENTRIES = [
 def test_at_now_the_layout_is_gpuctl_timelines():
     from datetime import UTC
 
-    from resourced.tui.timeline import render_timeline
     from resourced.tui.model import HOUR, layout
+    from resourced.tui.timeline import render_timeline
 
     now = at("2026-12-01T09:00:00Z")
     frame = layout(GPUS, ENTRIES, now, 12 * HOUR, now, UTC, 100)

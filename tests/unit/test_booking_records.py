@@ -5,7 +5,6 @@ import json
 
 from dbus_fast import Variant
 
-from resourced.agents.context import with_times
 from resourced.client.bookings import record
 from resourced.core.calendar import Booking, BookingRequest
 from resourced.core.claims import Demand
@@ -17,6 +16,7 @@ from resourced.daemon.bus.bookings import (
     wire_record,
 )
 from resourced.protocol.records import BLACKOUT, BOOKING, NOTICE, PROCESS, REPORT, SLOT, read
+from resourced.protocol.time import with_times
 
 
 def as_jeepney(wire: dict) -> dict:

@@ -54,7 +54,7 @@ def test_deadlines_agree_with_a_plain_dict(ops, now):
 def test_the_simulated_clock_reads_an_instant_with_its_zone_exactly():
     import pytest
 
-    from resourced.backends.simclock import parse_instant
+    from resourced.protocol.time import parse_instant
 
     assert parse_instant("1970-01-01T00:00:01.5Z") == 1_500_000
     assert parse_instant("2026-12-01T10:00:00+01:00\n") == parse_instant("2026-12-01T09:00:00Z")

@@ -12,6 +12,7 @@ from resourced.cli._options import Duration
 from resourced.cli.bookings import When
 from resourced.client.arguments import span
 from resourced.errors import DaemonUnreachable, InvalidArgs
+from resourced.protocol.time import USEC, Usec
 
 
 def commands(group: click.Group = cli, path: tuple = ("gpuctl",)):
@@ -89,7 +90,8 @@ def test_every_duration_option_reads_every_form(text, seconds):
             continue
         command = dict(commands())[path]
         params = parse(path, command, with_required(command, opt, text))
-        assert params[opt.name] == seconds, f"{' '.join(path)} {opt.opts[0]} {text}"
+        assert params[opt.name] == seconds * USEC, f"{' '.join(path)} {opt.opts[0]} {text}"
+        assert isinstance(params[opt.name], Usec)  # microseconds all the way to the bus
 
 
 def test_every_duration_option_refuses_a_bare_number_naming_the_forms():
@@ -103,7 +105,7 @@ def test_every_duration_option_refuses_a_bare_number_naming_the_forms():
 
 
 def test_every_since_reads_a_duration_as_that_long_ago():
-    from resourced.client.bookings import now_usec
+    from resourced.protocol.time import HOUR, now_usec
 
     sinces = [(path, opt) for path, opt in options() if "--since" in opt.opts]
     assert len(sinces) >= 2
@@ -111,7 +113,7 @@ def test_every_since_reads_a_duration_as_that_long_ago():
         assert isinstance(opt.type, When) and opt.type.past, " ".join(path)
         before = now_usec()
         got = opt.type.convert("1h", opt, None)
-        assert before - 3600e6 - 1e6 <= got <= now_usec() - 3600e6 + 1e6
+        assert before - HOUR - USEC <= got <= now_usec() - HOUR + USEC
 
 
 def test_a_plus_with_a_bare_number_asks_for_the_unit():
@@ -122,7 +124,7 @@ def test_a_plus_with_a_bare_number_asks_for_the_unit():
 def test_the_window_of_timeline_and_top_is_a_duration():
     for name in ("timeline", "top"):
         command = dict(commands())[("gpuctl", name)]
-        assert parse(("gpuctl", name), command, ["--span", "1d"])["span"] == 86400.0
+        assert parse(("gpuctl", name), command, ["--span", "1d"])["span"] == 86400 * USEC
         assert parse(("gpuctl", name), command, ["--hours", "6"])["hours"] == 6.0  # kept, hidden
 
 
@@ -307,7 +309,7 @@ def test_a_claim_that_ended_is_named_with_when_and_how():
     departed = Departed(kept=2)
     departed.note("c1", "released", 1_764_579_600_000_000)
     departed.note("c2", "forced", 1_764_579_600_000_000)
-    assert departed.refusal("c1").message == "claim c1 ended 2025-12-01T09:00:00+00:00 (released)"
+    assert departed.refusal("c1").message == "claim c1 ended 2025-12-01T09:00:00Z (released)"
     departed.note("c3", "expired", 0)
     assert "unknown or already released" in departed.refusal("c1").message  # the oldest goes
     assert "(forced)" in departed.refusal("c2").message

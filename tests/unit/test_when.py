@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from resourced.cli._options import Duration
+from resourced.protocol.time import USEC, Usec
 from resourced.protocol.when import (
     EPOCH,
     format_span,
@@ -98,11 +99,12 @@ def test_parse_duration_names_the_input():
      ("1.5h", 5400.0), ("1d", 86400.0)],
 )
 def test_duration_type(text, seconds):
-    assert Duration().convert(text, None, None) == seconds
+    got = Duration().convert(text, None, None)
+    assert got == seconds * USEC and isinstance(got, Usec)
 
 
-def test_duration_type_passes_floats_through():
-    assert Duration().convert(12.5, None, None) == 12.5
+def test_duration_type_passes_microseconds_through():
+    assert Duration().convert(Usec(12_500_000), None, None) == 12_500_000
 
 
 def test_duration_type_fails_as_click_does():

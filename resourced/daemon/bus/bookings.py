@@ -20,8 +20,8 @@ from resourced.protocol.records import (
     BOOKING,
     LIST_OPTIONS,
     NOTICE,
-    iso_utc,
 )
+from resourced.protocol.time import iso_utc
 
 from .interface import Interface
 from .options import parse_options, wire_record

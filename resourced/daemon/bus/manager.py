@@ -65,6 +65,7 @@ from resourced.protocol.records import (
     USAGE_OPTIONS,
     wire,
 )
+from resourced.protocol.time import DAY
 
 from .. import memory
 from ..engine.engine import Engine
@@ -99,7 +100,7 @@ from .throttle import Throttle
 R = PropertyAccess.READ
 
 RELEASE_FLAGS = RELEASE_FORCE | RELEASE_DRY_RUN
-DAY_USEC = 86400 * 1_000_000
+DAY_USEC = DAY
 FEATURES = ["claims", "dev-claims", "verify", "health", "pools", "queue", "reclaim",
             "bookings", "slurm-jobs", "reply-when-granted", "metrics", "diagnose"]
 

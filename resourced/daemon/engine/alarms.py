@@ -18,10 +18,11 @@ from resourced.core.lifecycle import (
     TIMEOUT,
 )
 from resourced.linux.sd import audit
+from resourced.protocol.time import HOUR, seconds_of_usec, usec_of_seconds
 
 log = logging.getLogger("resourced")
 
-PRUNE_INTERVAL = 3600 * 1_000_000
+PRUNE_INTERVAL = HOUR
 """Microseconds between forgetting ended bookings past their retention."""
 
 
@@ -54,7 +55,7 @@ class Alarms:
             return
         if claim.mode != "booking":  # a booking's claim ends with the booking
             self.deadlines.set(("until", claim.id), claim.until_usec)
-        warn = claim.until_usec - int(self.engine.settings.warn_before * 1e6)
+        warn = claim.until_usec - usec_of_seconds(self.engine.settings.warn_before)
         if warn > self.engine.clock():
             self.deadlines.set(("warn", claim.id), warn)
         self.rearm()
@@ -101,7 +102,7 @@ class Alarms:
             self._alarm = None
         self._alarm_for = when
         if when is not None or self.engine.poll_clock:
-            delay = 1.0 if when is None else max(0.0, (when - self.engine.clock()) / 1e6)
+            delay = 1.0 if when is None else max(0.0, seconds_of_usec(when - self.engine.clock()))
             if self.engine.poll_clock:
                 delay = min(delay, 1.0)
             self._alarm = asyncio.get_running_loop().call_later(delay, self._alarm_rang)

@@ -26,10 +26,10 @@ from resourced.core.calendar import (
 )
 from resourced.core.caller import Caller
 from resourced.core.claims import BOOKING
-from resourced.core.clock import utc_text, whole_second
 from resourced.core.lifecycle import ACTIVE, BOOKING_ENDED, ENDED, EXPIRED
 from resourced.errors import Internal, InvalidArgs, NoSuchClaim, quoted
 from resourced.linux.sd import audit
+from resourced.protocol.time import DAY, iso_utc, whole_second
 
 log = logging.getLogger("resourced")
 
@@ -146,7 +146,7 @@ class Bookings:
             raise InvalidArgs("the blackout is over already: its end is in the past")
         self._record_or_undo(lambda: self.engine.calendar.remove_blackout(blackout.id),
                              blackout=blackout)
-        audit(f"blackout {blackout.id} {utc_text(start_usec)}-{utc_text(end_usec)} by uid {caller.uid}: "
+        audit(f"blackout {blackout.id} {iso_utc(start_usec)}-{iso_utc(end_usec)} by uid {caller.uid}: "
               f"{reason}", priority=5, event="blackout", reason=reason)
         self.engine.publish([BookingEvent(b, "blackout") for b in inside])
         return blackout, inside
@@ -181,7 +181,7 @@ class Bookings:
         """Bookings by start: of one user (None: everyone's), live ones and those ended
         since ``since_usec`` (default: the last 24 hours); starting before ``until_usec``."""
         self.engine.alarms.run_due()
-        since = self.engine.clock() - 86400 * 1_000_000 if since_usec is None else since_usec
+        since = self.engine.clock() - DAY if since_usec is None else since_usec
         return sorted((b for b in self.engine.calendar.bookings.values()
                        if (uid is None or b.uid == uid)
                        and (b.state != ENDED or b.ended_usec >= since)

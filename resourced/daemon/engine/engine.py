@@ -39,7 +39,7 @@ from resourced.core.claims import (
     check_session,
     default_session,
 )
-from resourced.core.clock import Clock, utc_text, wall_clock
+from resourced.core.clock import Clock
 from resourced.core.departed import Departed
 from resourced.core.inventory import Gpu
 from resourced.core.ledger import (
@@ -88,6 +88,7 @@ from resourced.isolation.scopes import STOP_TIMEOUT_USEC, UNAVAILABLE_ON_USER_BU
 from resourced.linux.sd import audit, one_write
 from resourced.linux.threads import off_loop
 from resourced.linux.users import user_name
+from resourced.protocol.time import DAY, iso_utc, wall_clock
 
 from ..after_reply import AfterReply
 from .alarms import Alarms
@@ -101,7 +102,7 @@ log = logging.getLogger("resourced")
 ID_ALPHABET = string.ascii_lowercase + string.digits
 MAX_MEMBERS = 64
 """Member pids one claim may name: a wrapper or two, not a process table."""
-MAX_DURATION_USEC = 10 * 365 * 86400 * 1_000_000
+MAX_DURATION_USEC = 10 * 365 * DAY
 """The longest a claim may ask to last (seconds)."""
 
 
@@ -334,7 +335,7 @@ class Engine:
         if not claim.until_booking:
             return []
         booking = self.calendar.bookings.get(claim.until_booking)
-        return [f"granted until {utc_text(claim.until_usec)} only: booked from then"
+        return [f"granted until {iso_utc(claim.until_usec)} only: booked from then"
                 f"{f' by {booking.user}' if booking else ''}; you will be asked to give it "
                 "back then"]
 

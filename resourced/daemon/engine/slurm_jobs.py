@@ -18,12 +18,13 @@ from resourced.core.claims import Claim, ProcessRef, check_text
 from resourced.core.lifecycle import CANCELLED, JOB_ENDED
 from resourced.errors import InvalidArgs, quoted
 from resourced.evidence.processes import PROC
+from resourced.protocol.time import MINUTE, USEC
 
 log = logging.getLogger("resourced")
 
 STEP_TITLE = re.compile(rb"slurmstepd: \[(\d+)\.[\w.+-]+\]")
 STEPD = "slurmstepd"
-JOB_START_GRACE = 60 * 1_000_000
+JOB_START_GRACE = MINUTE
 """Microseconds a Slurm job's claim waits for the job's first process (its prolog runs
 before any); one that never came ends then (the epilog may have been missed)."""
 
@@ -153,4 +154,4 @@ class SlurmJobs:
             if claim.job and not claim.members and now - claim.created_usec > JOB_START_GRACE:
                 self.engine.end(claim.id, JOB_ENDED, None,
                                 f"no process of Slurm job {claim.job} appeared in "
-                                f"{JOB_START_GRACE // 1_000_000} s")
+                                f"{JOB_START_GRACE // USEC} s")

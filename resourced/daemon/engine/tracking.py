@@ -37,6 +37,7 @@ from resourced.evidence.subids import owner_of
 from resourced.evidence.subids import ranges as subuid_ranges
 from resourced.linux.sd import audit
 from resourced.linux.users import user_name
+from resourced.protocol.time import usec_of_seconds
 
 from .slurm_jobs import job_steps
 
@@ -229,7 +230,7 @@ class Tracker:
                     self._watch(claim.id, ref)
 
     async def _release_dead_owners(self) -> None:
-        grace_usec = int(self.engine.settings.dead_owner_grace * 1e6)
+        grace_usec = usec_of_seconds(self.engine.settings.dead_owner_grace)
         due = self.engine.ledger.dead_owner_claims(self.engine.clock(), grace_usec)
         if not due:
             return
@@ -257,7 +258,7 @@ class Tracker:
         for c in claims.values():
             after = settings.no_show_after if c.mode == BOOKING else settings.idle_after
             if after and c.mode != SLURM:  # a job's GPUs are Slurm's to take back
-                windows[c.id] = (int(after * 1e6), c.mode == BOOKING)
+                windows[c.id] = (usec_of_seconds(after), c.mode == BOOKING)
         elapsed, self._looked = now - (self._looked or now), now
         if not claims:
             self.uses.observe({}, now, {})

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from resourced.backends import GpuLoad
 from resourced.core.usage import RESOLUTIONS, Hold, bucket
+from resourced.protocol.time import USEC, usec_of_seconds
 
 FILE_NAME = "usage.sqlite"
 SCHEMA = """
@@ -82,9 +83,9 @@ class UsageStore:
             self.db.execute("BEGIN")
             for name, seconds in RESOLUTIONS.items():
                 self.db.execute("DELETE FROM load WHERE resolution = ? AND bucket < ?",
-                                (seconds, now - int(keep[name] * 1e6)))
+                                (seconds, now - usec_of_seconds(keep[name])))
             self.db.execute("DELETE FROM holds WHERE end_usec < ?",
-                            (now - int(keep["day"] * 1e6),))
+                            (now - usec_of_seconds(keep["day"]),))
 
     def holds(self, since: int, until: int, uid: int | None = None) -> list[Hold]:
         query = "SELECT * FROM holds WHERE end_usec > ? AND start_usec < ?"
@@ -101,7 +102,7 @@ class UsageStore:
         found: dict[str, list] = {}
         covered: list[tuple[int, int]] = []  # the spans a coarser resolution gave
         for seconds in sorted(RESOLUTIONS.values(), reverse=True):
-            width = seconds * 1_000_000
+            width = seconds * USEC
             first = bucket(since + width - 1, seconds)  # the first whole bucket
             for gpu, start, samples, utilization, memory in self.db.execute(
                     "SELECT gpu, bucket, samples, utilization_sum, memory_sum FROM load "
