@@ -3,6 +3,7 @@
 import asyncio
 import inspect
 import os
+import re
 import subprocess
 import sys
 import time
@@ -13,6 +14,16 @@ import pytest
 from resourced.linux.privatebus import PrivateBus
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def documentation() -> str:
+    """What a user reads: the README, then each page docs/index.md links to, in its order
+    (the reference, generated from the code, shows no examples to type)."""
+    index = ROOT / "docs" / "index.md"
+    pages = [p for p in re.findall(r"\]\(([\w/.-]+\.md)\)", index.read_text())
+             if not p.startswith("reference/")]
+    return "\n".join([(ROOT / "README.md").read_text(),
+                      *((index.parent / p).read_text() for p in pages)])
 
 
 ROOT_TIERS = ("tests/system/", "tests/systemd/")

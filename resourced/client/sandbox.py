@@ -1,5 +1,6 @@
 """What it means when this process may not open a bus socket: most often a coding agent's
-sandbox, which takes a Unix socket for network access (README: "Sandboxed coding agents").
+sandbox, which takes a Unix socket for network access ("Sandboxed coding agents" in
+docs/how-to/agents.md).
 
 The bus's files are open to everyone who may use resourced there (the session bus to its
 user, the system bus to all, a shared bus to its group), so a permission error on the
@@ -10,8 +11,8 @@ unless the socket lies in another account's closed folder: then it is their bus.
 from resourced.errors import AccessDenied
 
 ADVICE = ("a coding agent's sandbox must allow connecting to it (Codex: network_access = "
-          "true under [sandbox_workspace_write] in ~/.codex/config.toml; see the README's "
-          "\"Sandboxed coding agents\")")
+          "true under [sandbox_workspace_write] in ~/.codex/config.toml; see \"Sandboxed "
+          "coding agents\" in docs/how-to/agents.md)")
 
 
 def socket_of(bus: str) -> str:

@@ -25,7 +25,7 @@ from jeepney.io.blocking import Proxy, open_dbus_connection
 from resourced.backends.simulated import simulated_uuid
 from resourced.client.sync import Client
 
-from ..conftest import eventually, gpuctl
+from ..conftest import documentation, eventually, gpuctl
 
 USER = pwd.getpwuid(os.getuid()).pw_name
 ORPHAN_SLEEP = "sleep 30 >/dev/null 2>&1 & echo $!"  # a background child; prints its pid
@@ -289,13 +289,12 @@ def test_a_process_on_an_unclaimed_gpu_is_unclaimed_use(start_daemon, sim, procs
 
 
 def documented_verify_keys() -> tuple[set[str], set[str]]:
-    """The keys the README promises for each GPU and each process of verify --json."""
+    """The keys the documentation promises for each GPU and each process of verify --json."""
     import re
-    from pathlib import Path
 
-    text = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
+    text = " ".join(documentation().split())
     found = re.search(r"each GPU has the keys (.*?), and each process (.*?) \(", text)
-    assert found, "the README no longer documents verify's keys"
+    assert found, "the documentation no longer gives verify's keys"
     return tuple(set(re.findall(r"`(\w+)`", part)) for part in found.groups())
 
 

@@ -103,7 +103,7 @@ def test_a_refused_bus_socket_is_named_with_the_sandbox_setting(refused_socket, 
         f"gpuctl: cannot connect to the {said} bus socket {refused_socket} (permission "
         "denied): a coding agent's sandbox must allow connecting to it (Codex: "
         "network_access = true under [sandbox_workspace_write] in ~/.codex/config.toml; "
-        "see the README's \"Sandboxed coding agents\")\n")
+        "see \"Sandboxed coding agents\" in docs/how-to/agents.md)\n")
 
 
 def test_the_asyncio_client_says_the_same(refused_socket):

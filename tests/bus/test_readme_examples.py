@@ -1,8 +1,9 @@
-"""The README's examples, typed as written in the demo's shell (`gpuctl demo --shell`).
+"""The documentation's examples, typed as written in the demo's shell (`gpuctl demo --shell`).
 
-Every shell line of the README that talks to the daemon is typed, in the README's order,
+Every shell line of the README and of the docs pages (``documentation()``: in the order
+docs/index.md lists them) that talks to the daemon is typed, in that order,
 into a bash started by ``gpuctl demo --shell``; every Python example runs there too. An
-option renamed, a form the README shows and the parser refuses, or a traceback fails.
+option renamed, a form the documentation shows and the parser refuses, or a traceback fails.
 A refusal for capacity (exit 3) is an answer, not a failure: the earlier examples hold
 GPUs; so is an exit code the line's own comment gives ("exit 6: no command"). Square
 brackets mark options: each line is typed without them, and once more with those that
@@ -13,10 +14,10 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-BOOKING, CLAIM = "b3x9k2q", "c4x9k2a"     # the README's sample references
+from ..conftest import documentation
+
+BOOKING, CLAIM = "b3x9k2q", "c4x9k2a"     # the documentation's sample references
 STARTS = ("gpuctl ", "ref=$(gpuctl ", 'eval "$(gpuctl ', "busctl --user ", "resourced-mcp ",
           "export RESOURCED_SESSION=")
 # Lines not typed, and why: they run until stopped (runner, notify, top, logs --follow, a
@@ -25,7 +26,7 @@ STARTS = ("gpuctl ", "ref=$(gpuctl ", 'eval "$(gpuctl ', "busctl --user ", "reso
 NOT_TYPED = ("gpuctl runner", "gpuctl notify", "gpuctl top", "gpuctl service ", "gpuctl init",
              "gpuctl connect", "_GPUCTL_COMPLETE", "gpuctl shell init", "ReplyWhenGranted")
 # A block about isolation needs the system service (tests/system types it there); on the
-# demo's session bus the README says it is refused.
+# demo's session bus the documentation says it is refused.
 NEEDS_SYSTEM = "--isolate"
 
 
@@ -109,7 +110,7 @@ for i, path in enumerate(sys.argv[1:]):
 
 def test_the_readme_forms_are_found():
     """The parsing itself: what the walk types (a walk that found nothing would pass)."""
-    codes = dict(shell_examples(README.read_text()))
+    codes = dict(shell_examples(documentation()))
     examples = list(codes)
     assert 'gpuctl release "$ref"' in examples
     assert codes['gpuctl logs "$booking"'] == {0, 3, 6}
@@ -118,11 +119,11 @@ def test_the_readme_forms_are_found():
     assert "gpuctl bookings --all --json" in examples
     assert not any("[" in e or "#" in e for e in examples)
     assert len(examples) > 50
-    assert len(python_examples(README.read_text())) >= 5
+    assert len(python_examples(documentation())) >= 5
 
 
 def test_every_readme_example_works_in_the_demo_shell(tmp_path):
-    text = README.read_text()
+    text = documentation()
     for name in ("train.py", "smoke.py", "infer.py"):
         (tmp_path / name).write_text(
             "import os\nprint('on', os.environ.get('CUDA_VISIBLE_DEVICES'))\n")

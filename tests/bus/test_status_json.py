@@ -12,7 +12,7 @@ import pytest
 
 from resourced.client.sync import Client
 
-from ..conftest import gpuctl
+from ..conftest import documentation, gpuctl
 
 GPU_FIELDS = {"index", "alias", "uuid", "name", "state", "claim"}
 CLAIM_FIELDS = {"id", "mode", "user", "uid", "owner_pid", "owner_alive", "label", "task_name",
@@ -77,14 +77,12 @@ def test_free_json_and_text_agree_with_status(daemon, owner):
 
 
 def documented_status_keys() -> tuple[set[str], ...]:
-    """The keys the README promises for status --json: its own, each GPU's, each pool's and
-    each claim's."""
-    from pathlib import Path
-
-    text = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
+    """The keys the documentation promises for status --json: its own, each GPU's, each
+    pool's and each claim's."""
+    text = " ".join(documentation().split())
     found = re.search(r"`status --json` has the keys (.*?); each GPU (.*?); each pool (.*?);"
                       r" and each claim (.*?) \(", text)
-    assert found, "the README no longer documents status's keys"
+    assert found, "the documentation no longer gives status's keys"
     return tuple(set(re.findall(r"`(\w+)`", part)) for part in found.groups())
 
 

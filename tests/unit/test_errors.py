@@ -1,7 +1,6 @@
 """The error vocabulary: names on the bus, back to classes, and gpuctl's exit codes."""
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -28,6 +27,8 @@ from resourced.errors import (
     error_from_bus,
 )
 from resourced.exits import EXIT_CODES, exit_code_for
+
+from ..conftest import documentation
 
 DOCUMENTED_EXIT_CODES = {
     Internal: 1,
@@ -114,9 +115,8 @@ def test_exit_codes_are_the_documented_ones():
     assert EXIT_CODES == DOCUMENTED_EXIT_CODES
 
 
-def test_every_exit_code_is_in_the_readme_table():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    table = re.findall(r"^\| (\d+) \| ", readme, flags=re.M)
+def test_every_exit_code_is_in_the_documented_table():
+    table = re.findall(r"^\| (\d+) \| ", documentation(), flags=re.M)
     assert {int(code) for code in table} >= set(EXIT_CODES.values())
 
 
