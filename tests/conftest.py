@@ -75,7 +75,8 @@ def stop_process(proc: subprocess.Popen) -> int:
 
 def assert_systemd_accepts(tmp_path, name: str, content: str) -> None:
     """`systemd-analyze --user verify` passes the user unit ``content`` (written as
-    ``name``), with nothing to say about it; skips where systemd-analyze is missing."""
+    ``name``), with nothing to say about it, its Documentation=man:... pages found among
+    the generated ones (docs/man); skips where systemd-analyze is missing."""
     import shutil
 
     if shutil.which("systemd-analyze") is None:
@@ -85,7 +86,8 @@ def assert_systemd_accepts(tmp_path, name: str, content: str) -> None:
     runtime = tmp_path / "xdg-runtime"
     runtime.mkdir(mode=0o700)
     done = subprocess.run(["systemd-analyze", "--user", "verify", str(unit)],
-                          env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
+                          env={**os.environ, "XDG_RUNTIME_DIR": str(runtime),
+                               "MANPATH": str(ROOT / "docs" / "man")},
                           capture_output=True, text=True, timeout=60, check=False)
     about_us = [line for line in (done.stdout + done.stderr).splitlines() if unit.name in line]
     assert done.returncode == 0 and about_us == [], done.stdout + done.stderr

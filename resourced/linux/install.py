@@ -41,6 +41,9 @@ ISOLATION_UNIT = "resourced-isolation.service"  # root, bus-activated: never ena
 DEFAULT_SYSTEM_CONFIG = "/etc/resourced/config.toml"
 SYSUSERS_CONF = "/etc/sysusers.d/resourced.conf"
 README = "README.md"  # beside the templates: the units' Documentation=
+MAN_PAGES = (("gpuctl", 1), ("resourced-mcp", 1), ("resourced.conf", 5), ("resourced", 8))
+"""The generated man pages (``python -m resourced.docs``) under docs/man/, by page and
+section."""
 
 Command = tuple[str, ...]
 
@@ -73,6 +76,11 @@ SYSTEM_FILES = (
     Template("systemd/resourced.sysusers", SYSUSERS_CONF),
     Template(f"systemd/{NOTIFY_UNIT}", f"/etc/systemd/user/{NOTIFY_UNIT}", UNIT),
     Template(f"systemd/{RUNNER_UNIT}", f"/etc/systemd/user/{RUNNER_UNIT}", UNIT),
+    # The man pages, where the local administrator's go: `man gpuctl` for every user, and
+    # the units' Documentation=man:... for systemctl help.
+    *(Template(f"docs/man/man{section}/{page}.{section}",
+               f"/usr/local/share/man/man{section}/{page}.{section}")
+      for page, section in MAN_PAGES),
 )
 POLKIT_FILES = (
     Template("polkit/org.resourced.policy", "/usr/share/polkit-1/actions/org.resourced.policy"),
@@ -92,10 +100,11 @@ SHARED_FILES = (
     Template(f"systemd/{SHARED_UNIT}", f"$CONFIG/systemd/user/{SHARED_UNIT}", UNIT),
 )
 
-# Where enable may have to make the directory (Debian 12 has no /etc/sysusers.d; a new
-# user has no ~/.config/systemd/user or ~/.local/share/dbus-1/services): disable drops
-# these again when they are left empty, and no other.
-SYSTEM_MADE_DIRS = frozenset({"sysusers.d"})
+# Where enable may have to make the directory (Debian 12 has no /etc/sysusers.d and an
+# empty /usr/local/share/man; a new user has no ~/.config/systemd/user or
+# ~/.local/share/dbus-1/services): disable drops these again when they are left empty,
+# and no other.
+SYSTEM_MADE_DIRS = frozenset({"sysusers.d", "man1", "man5", "man8"})
 USER_MADE_DIRS = frozenset({"user", "services"})
 
 # Directories that ProtectHome=yes hides from the system service.

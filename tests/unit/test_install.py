@@ -1,6 +1,7 @@
 """resourced.linux.install: the plan that `gpuctl service enable/disable` carries out."""
 
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -34,7 +35,13 @@ def test_system_plan_fills_in_the_interpreter_and_config(tmp_path):
         tmp_path / "etc/polkit-1/rules.d/50-resourced.rules",
         tmp_path / "etc/systemd/user/resourced-notify.service",
         tmp_path / "etc/systemd/user/resourced-runner.service",
+        tmp_path / "usr/local/share/man/man1/gpuctl.1",
+        tmp_path / "usr/local/share/man/man1/resourced-mcp.1",
+        tmp_path / "usr/local/share/man/man5/resourced.conf.5",
+        tmp_path / "usr/local/share/man/man8/resourced.8",
     }
+    assert files[tmp_path / "usr/local/share/man/man8/resourced.8"] == (
+        install.source_dir() / "docs/man/man8/resourced.8").read_text()
     assert 'subject.isInGroup("resourced")' in files[tmp_path / "etc/polkit-1/rules.d/50-resourced.rules"]
     unit = files[tmp_path / "etc/systemd/system/resourced.service"]
     assert (f"\nExecStart={sys.executable} -m resourced.daemon --system "
@@ -216,7 +223,8 @@ def test_systemd_accepts_the_runner_unit(tmp_path):
 
 def test_disable_drops_only_the_directories_enable_may_have_made(tmp_path):
     system = install.plan_disable("system", tmp_path)
-    assert system.prune == (tmp_path / "etc/sysusers.d",)
+    assert set(system.prune) == {tmp_path / "etc/sysusers.d",
+                                 *(tmp_path / f"usr/local/share/man/man{n}" for n in (1, 5, 8))}
     user = install.plan_disable("user", tmp_path, env=HOME_ENV)
     assert set(user.prune) == {tmp_path / "home/alice/.config/systemd/user",
                                tmp_path / "home/alice/.local/share/dbus-1/services"}
@@ -260,9 +268,12 @@ def test_systemd_accepts_the_shared_unit(tmp_path):
 
 
 def _documentation(unit: str) -> Path:
-    """The file a rendered unit's Documentation= names, read as systemd reads it (%% is %)."""
-    [url] = [line.removeprefix("Documentation=") for line in unit.splitlines()
-             if line.startswith("Documentation=")]
+    """The file a rendered unit's Documentation= names beside its man page, read as systemd
+    reads it (%% is %)."""
+    [line] = [line.removeprefix("Documentation=") for line in unit.splitlines()
+              if line.startswith("Documentation=")]
+    man, url = line.split(" ")
+    assert re.fullmatch(r"man:(resourced\(8\)|gpuctl\(1\))", man), man
     assert url.startswith("file:///"), url
     return Path(unquote(url.replace("%%", "%").removeprefix("file://")))
 

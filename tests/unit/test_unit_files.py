@@ -35,6 +35,8 @@ def _staged(mode: str, root: Path) -> install.Plan:
 def _verify(unit: Path, *args: str, env=None) -> None:
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed")
+    # Its Documentation=man:... pages are looked up among the generated ones.
+    env = {**(os.environ if env is None else env), "MANPATH": str(ROOT / "docs" / "man")}
     done = subprocess.run(["systemd-analyze", *args, "verify", str(unit)], env=env,
                           capture_output=True, text=True, timeout=60, check=False)
     # verify exits 0 on unknown keys or values it ignores; it names the unit when it does.
