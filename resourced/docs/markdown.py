@@ -88,7 +88,8 @@ def _anchor(command: Command) -> str:
 def gpuctl(commands: tuple[Command, ...]) -> str:
     out = ["# gpuctl", "", "Every command, as `gpuctl COMMAND --help` says it.", ""]
     for c in commands[1:]:
-        depth = "  " * (len(c.path) - 2)
+        # 4 spaces a level: Python-Markdown (the site, mkdocs.yml) nests no less; forges too.
+        depth = "    " * (len(c.path) - 2)
         out.append(f"{depth}* [{c.name}](#{_anchor(c)}): {prose(c.summary)}")
     out.append("")
     for c in commands:
