@@ -234,8 +234,9 @@ class Calls(BookingCalls):
     @call
     def claim_properties(self, ref: str) -> dict:
         """A live claim's properties (``org.resourced.Claim``, in one ``GetAll``) by their
-        bus names: ``UID``, ``Mode``, ``UntilUSec``...; ``NoSuchClaim`` once it is gone."""
-        return tables.read((), (yield self._get_all(claim_path(ref), CLAIM_IFACE))[0])
+        keys in ``protocol.records.CLAIM``: ``uid``, ``mode``, ``until_usec``...;
+        ``NoSuchClaim`` once it is gone."""
+        return tables.read(tables.CLAIM, (yield self._get_all(claim_path(ref), CLAIM_IFACE))[0])
 
     @call
     def allocation(self, ref: str, use_index: bool = False) -> dict:

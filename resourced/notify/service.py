@@ -684,7 +684,7 @@ class Agent:
             claim = await self._daemon(self.client.claim_properties(path[len(CLAIM_PREFIX):]))
         except ResourcedError:
             return False
-        return claim.get("UID") == os.getuid() and claim.get("Mode") != BOOKING
+        return claim.get("uid") == os.getuid() and claim.get("mode") != BOOKING
 
     # -- talking to the daemon ---------------------------------------------------------
     async def describe_health(self) -> list[dict] | None:

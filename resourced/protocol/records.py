@@ -54,6 +54,24 @@ REPORT = fields(("UUID", "uuid", "s"), ("Alias", "alias", "s"), ("Index", "index
                 ("Isolated", "isolated", "b"), ("Detail", "detail", "s"),
                 ("Processes", "processes", "aa{sv}"))
 """One GPU's verify report; its processes are PROCESS records."""
+CLAIM = fields(
+    ("Id", "id", "s"), ("Mode", "mode", "s"), ("State", "state", "s"), ("UID", "uid", "u"),
+    ("User", "user", "s"), ("OwnerPID", "owner_pid", "u"), ("OwnerAlive", "owner_alive", "b"),
+    ("OwnerStartTime", "owner_start_time", "t"), ("MemberPIDs", "member_pids", "au"),
+    ("Label", "label", "s"), ("TaskName", "task_name", "s"), ("Session", "session", "s"),
+    ("Priority", "priority", "i"), ("Reclaimable", "reclaimable", "b"),
+    ("ReclaimRequested", "reclaim_requested", "b"), ("VRAMBytes", "vram_bytes", "t"),
+    ("Pools", "pools", "a{st}"), ("GPUs", "gpus_requested", "u"),
+    ("GPUUUIDs", "gpu_uuids", "as"), ("GPUAliases", "gpus", "as"),
+    ("GPUIndices", "gpu_indices", "au"), ("PCIIndices", "pci_indices", "au"),
+    ("Isolated", "isolated", "b"), ("CreatedUSec", "created_usec", "t"),
+    ("UntilUSec", "until_usec", "t"), ("UntilBooking", "until_booking", "s"))
+"""A claim: its object's properties (``org.resourced.Claim``) by their bus names, and
+each claim of ``Describe`` (``gpuctl status --json``) by its JSON keys.  Some fields are
+only on one side: OwnerStartTime and MemberPIDs only on the object, the counts and
+indices (GPUs, GPUAliases, GPUIndices, PCIIndices) only in the JSON."""
+CLAIM_OBJECT_ONLY = frozenset({"owner_start_time", "member_pids"})
+CLAIM_JSON_ONLY = frozenset({"gpus_requested", "gpus", "gpu_indices", "pci_indices"})
 GRANT = fields(("DryRun", "dry_run", "b"), ("State", "state", "s"), ("Mode", "mode", "s"),
                ("GPUUUIDs", "gpu_uuids", "as"), ("GPUIndices", "gpu_indices", "au"),
                ("PCIIndices", "pci_indices", "au"), ("GPUMemoryBytes", "gpu_memory_bytes", "at"),

@@ -102,3 +102,18 @@ def test_no_module_spells_an_option_or_grant_key_outside_its_table():
                if path.name != "records.py"
                for line, key in _keys_spelled(ast.parse(path.read_text()), wires)]
     assert not spelled, "keys spelled outside protocol/records.py:\n" + "\n".join(spelled)
+
+
+def test_the_claim_table_is_the_claim_objects_properties_and_status_claims_keys():
+    """The Claim interface's properties are the table's fields but the JSON's own, with
+    the same types; status --json's claims have the table's keys but the object's own."""
+    import json
+
+    claim = next(i for i in ET.fromstring(API.read_text()).iter("interface")
+                 if i.get("name") == "org.resourced.Claim")
+    properties = {p.get("name"): p.get("type") for p in claim.iter("property")}
+    assert properties == {f.wire: f.signature for f in records.CLAIM
+                          if f.key not in records.CLAIM_JSON_ONLY}
+    schema = json.loads((ROOT / "schemas" / "gpuctl" / "status.json").read_text())
+    keys = set(schema["properties"]["claims"]["items"]["properties"])
+    assert keys == {f.key for f in records.CLAIM} - records.CLAIM_OBJECT_ONLY
