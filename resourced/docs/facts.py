@@ -81,7 +81,10 @@ def commands() -> list[Command]:
     found: list[Command] = []
 
     def walk(command: click.Command, ctx: click.Context, path: tuple[str, ...], summary: str):
-        params = [p for p in command.get_params(ctx) if not getattr(p, "hidden", False)]
+        # Not get_params: click keeps the help option of the first context it was made for
+        # (a test's, without -h), so the page would depend on what ran before.
+        params = [p for p in (*command.params, _help_option(ctx))
+                  if not getattr(p, "hidden", False)]
         options = tuple(_option(p) for p in params if isinstance(p, click.Option))
         arguments = tuple(_argument(p) for p in params if isinstance(p, click.Argument))
         names: tuple[str, ...] = ()
@@ -96,10 +99,18 @@ def commands() -> list[Command]:
         for name in names:
             sub = command.get_command(ctx, name)
             short = COMMANDS[name][2] if command is cli else (sub.short_help or "")
-            walk(sub, click.Context(sub, info_name=name, parent=ctx), (*path, name), short)
+            walk(sub, click.Context(sub, info_name=name, parent=ctx, **sub.context_settings),
+                 (*path, name), short)
 
-    walk(cli, click.Context(cli, info_name="gpuctl"), ("gpuctl",), "")
+    # As gpuctl makes its contexts (make_context): with each command's settings (-h).
+    walk(cli, click.Context(cli, info_name="gpuctl", **cli.context_settings), ("gpuctl",), "")
     return found
+
+
+def _help_option(ctx: click.Context) -> click.Option:
+    """The help option as gpuctl's contexts give every command (``help_option_names``)."""
+    return click.Option(ctx.help_option_names, is_flag=True, expose_value=False,
+                        help="Show this message and exit.")
 
 
 def _help(text: str) -> str:
