@@ -95,17 +95,21 @@ USER_FILES = (
              "$DATA/dbus-1/services/org.resourced.service", DBUS),
     Template(f"systemd/{NOTIFY_UNIT}", f"$CONFIG/systemd/user/{NOTIFY_UNIT}", UNIT),
     Template(f"systemd/{RUNNER_UNIT}", f"$CONFIG/systemd/user/{RUNNER_UNIT}", UNIT),
+    # Where man finds them for a ~/.local/bin on PATH (uv tool install, pipx): the wheel's
+    # own share/man stays inside the tool's environment.
+    *(Template(f"docs/man/man{section}/{page}.{section}",
+               f"$DATA/man/man{section}/{page}.{section}") for page, section in MAN_PAGES),
 )
 SHARED_FILES = (
     Template(f"systemd/{SHARED_UNIT}", f"$CONFIG/systemd/user/{SHARED_UNIT}", UNIT),
 )
 
 # Where enable may have to make the directory (Debian 12 has no /etc/sysusers.d and an
-# empty /usr/local/share/man; a new user has no ~/.config/systemd/user or
-# ~/.local/share/dbus-1/services): disable drops these again when they are left empty,
-# and no other.
+# empty /usr/local/share/man; a new user has no ~/.config/systemd/user,
+# ~/.local/share/dbus-1/services or ~/.local/share/man): disable drops these again when
+# they are left empty, and no other.
 SYSTEM_MADE_DIRS = frozenset({"sysusers.d", "man1", "man5", "man8"})
-USER_MADE_DIRS = frozenset({"user", "services"})
+USER_MADE_DIRS = frozenset({"user", "services", "man1", "man5", "man8"})
 
 # Directories that ProtectHome=yes hides from the system service.
 _HIDDEN_FROM_SYSTEM_SERVICE = ("/home", "/root", "/run/user")

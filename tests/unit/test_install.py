@@ -74,7 +74,9 @@ def test_user_plan_goes_to_the_users_xdg_directories(tmp_path):
     activation = tmp_path / "home/alice/.local/share/dbus-1/services/org.resourced.service"
     notify = tmp_path / "home/alice/.config/systemd/user/resourced-notify.service"
     runner = tmp_path / "home/alice/.config/systemd/user/resourced-runner.service"
-    assert set(files) == {unit_path, activation, notify, runner}
+    man = [tmp_path / f"home/alice/.local/share/man/man{n}/{page}.{n}" for page, n in (
+        ("gpuctl", 1), ("resourced-mcp", 1), ("resourced.conf", 5), ("resourced", 8))]
+    assert set(files) == {unit_path, activation, notify, runner, *man}
     assert f"\nExecStart={sys.executable} -m resourced.cli notify\n" in files[notify]
     assert f"\nExecStart={sys.executable} -m resourced.cli runner\n" in files[runner]
     command = f"{sys.executable} -m resourced.daemon --session --config /home/alice/gpus.toml"
@@ -100,7 +102,10 @@ def test_absolute_xdg_variables_win_and_relative_ones_are_ignored():
     assert paths == [Path("/cfg/systemd/user/resourced.service"),
                      Path("/home/alice/.local/share/dbus-1/services/org.resourced.service"),
                      Path("/cfg/systemd/user/resourced-notify.service"),
-                     Path("/cfg/systemd/user/resourced-runner.service")]
+                     Path("/cfg/systemd/user/resourced-runner.service"),
+                     *(Path(f"/home/alice/.local/share/man/man{n}/{page}.{n}") for page, n in (
+                         ("gpuctl", 1), ("resourced-mcp", 1), ("resourced.conf", 5),
+                         ("resourced", 8)))]
 
 
 @pytest.mark.parametrize("mode", ["user", "system"])
@@ -133,7 +138,7 @@ def test_disable_removes_exactly_what_enable_writes(tmp_path, mode):
 def test_paths_with_spaces_and_specifiers_are_quoted():
     python = "/opt/my env/50%/$bin/python"
     plan = install.plan_enable("user", python, "/etc/a b.toml", env=HOME_ENV)
-    unit, activation, _notify, _runner = (f.content for f in plan.write)
+    unit, activation = (f.content for f in plan.write[:2])
     assert ('\nExecStart="/opt/my env/50%%/$$bin/python" -m resourced.daemon --session '
             '--config "/etc/a b.toml"\n') in unit
     assert ("\nExec='/opt/my env/50%/$bin/python' -m resourced.daemon --session "
@@ -227,7 +232,9 @@ def test_disable_drops_only_the_directories_enable_may_have_made(tmp_path):
                                  *(tmp_path / f"usr/local/share/man/man{n}" for n in (1, 5, 8))}
     user = install.plan_disable("user", tmp_path, env=HOME_ENV)
     assert set(user.prune) == {tmp_path / "home/alice/.config/systemd/user",
-                               tmp_path / "home/alice/.local/share/dbus-1/services"}
+                               tmp_path / "home/alice/.local/share/dbus-1/services",
+                               *(tmp_path / f"home/alice/.local/share/man/man{n}"
+                                 for n in (1, 5, 8))}
 
 
 def _shared_plan(tmp_path, group="gpu-lab", config=None):
@@ -295,7 +302,7 @@ def test_every_unit_names_the_readme_that_ships_beside_the_templates(tmp_path):
 
 def test_a_readme_under_an_odd_path_is_named_as_systemd_reads_it(tmp_path):
     sources = tmp_path / "a b%n$x'"
-    for part in ("systemd", "dbus"):
+    for part in ("systemd", "dbus", "docs/man"):
         shutil.copytree(install.source_dir() / part, sources / part)
     shutil.copy(install.source_dir() / "README.md", sources)
     plan = install.plan_enable("user", sys.executable, root=tmp_path / "root", env=HOME_ENV,
