@@ -47,6 +47,7 @@ __all__ = [
     "ConfigError",
     "DaemonConfig",
     "GpuEntry",
+    "McpConfig",
     "PoolEntry",
     "RunnerConfig",
     "SlurmConfig",
@@ -164,6 +165,26 @@ class RunnerConfig:
 
 
 @dataclass(frozen=True)
+class McpConfig:
+    """``[mcp]``, read by ``resourced-mcp`` (not by the daemon) at each call of its ``run``
+    tool: whether that tool may start commands through your runner, and which, where.
+    A command is allowed when the words of an ``allow_commands`` entry are its first
+    words (the first compared as the program each names, symbolic links resolved), and
+    its folder when it lies in an ``allow_dirs`` folder (symbolic links resolved)."""
+
+    # Let the run tool start commands (as booked commands, through your runner); false:
+    # it refuses them all and starts nothing.
+    run: bool = False
+    # The commands it may start, each the first words of the command line: a program
+    # ("python3", "/usr/bin/python3") or a prefix ("python3 -m pytest", "uv run").
+    # A name is looked up on PATH; [] allows none. An interpreter allows any code.
+    allow_commands: tuple[str, ...] = ()
+    # The folders (absolute, or starting with ~/) a command may run in, with all below
+    # them; [] allows none.
+    allow_dirs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class SlurmConfig:
     """``[slurm]``: the GPUs Slurm schedules here, ``"all"`` or names (UUID, alias,
     ``gpuN`` or index).  resourced never grants them to its own claims or bookings; a
@@ -190,6 +211,7 @@ class Config:
     pools: tuple[PoolEntry, ...] = ()
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
+    mcp: McpConfig = field(default_factory=McpConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     source: str = ""
     notes: tuple[str, ...] = ()  # how the file's words of the predecessor's were read
@@ -433,6 +455,36 @@ def _user_names(value):
     return tuple(value)
 
 
+def _commands(value):
+    """``[mcp] allow_commands``: command lines, each split into words as a shell would."""
+    import shlex
+
+    wanted = 'a list of commands, like ["python3", "uv run"]'
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _Bad(f"must be {wanted}, not {_show(value)}")
+    for entry in value:
+        try:
+            words = shlex.split(entry)
+        except ValueError as exc:
+            raise _Bad(f"{_show(entry)} cannot be split into words ({exc})") from None
+        if not words or "\0" in entry:
+            raise _Bad(f"must be {wanted}, not {_show(entry)}")
+        if "/" in words[0] and not (os.path.isabs(words[0]) or words[0].startswith("~/")):
+            raise _Bad(f"{_show(entry)}: a program is a name on PATH or an absolute path "
+                       "(or ~/...), not a relative one")
+    return tuple(value)
+
+
+def _folders(value):
+    """``[mcp] allow_dirs``: absolute folders, or ``~/...`` (the user's home)."""
+    wanted = 'a list of absolute folders, like ["~/src", "/data/runs"]'
+    if not isinstance(value, list) or not all(
+            isinstance(v, str) and "\0" not in v and (os.path.isabs(v) or v == "~"
+                                                       or v.startswith("~/")) for v in value):
+        raise _Bad(f"must be {wanted}, not {_show(value)}")
+    return tuple(value)
+
+
 def _textfile(value):
     if value == "":
         return value
@@ -544,6 +596,8 @@ _POOL = {
 _SLURM = {"gpus": (_slurm_gpus, False)}
 _RUNNER = {"grace": (_seconds(0, high=DAY), False)}
 _METRICS = {"textfile": (_textfile, False)}
+_MCP = {"run": (_boolean, False), "allow_commands": (_commands, False),
+        "allow_dirs": (_folders, False)}
 # The predecessor's [daemon] keys: each is read, and noted. A key renamed maps to its name
 # now; nvidia_smi maps to None: checked and not used (the why is in the note).
 _OLD_DAEMON = {
@@ -554,7 +608,7 @@ _NVIDIA_SMI_UNUSED = (
     "daemon.nvidia_smi is not used: resourced reads the GPUs through NVML, the library "
     "nvidia-smi is itself built on, so where NVML cannot be loaded nvidia-smi cannot answer "
     "either; the line can go")
-_TABLES = ("daemon", "runner", "slurm", "metrics")
+_TABLES = ("daemon", "runner", "mcp", "slurm", "metrics")
 _ARRAYS = {"gpu": _GPU, "check": _CHECK, "pool": _POOL}
 
 CHECK_TYPES = ("ram", "disk")
@@ -584,6 +638,7 @@ class _Checker:
             pools=self.pools(entries["pool"]),
             slurm=SlurmConfig(**self.table(tables["slurm"], "slurm", _SLURM)),
             runner=RunnerConfig(**self.table(tables["runner"], "runner", _RUNNER)),
+            mcp=McpConfig(**self.table(tables["mcp"], "mcp", _MCP)),
             metrics=MetricsConfig(**self.table(tables["metrics"], "metrics", _METRICS)),
             source=self.source,
             notes=notes,
@@ -731,7 +786,7 @@ def reload_changes(old: Config, new: Config) -> tuple[list[str], list[str]]:
     Keys are ``daemon.<name>`` for ``[daemon]``, ``gpu``, ``check``, ``pool`` for the
     arrays, ``slurm`` and ``metrics``, in that order.  The runtime directory, persistence, the set of
     GPUs and Slurm's share of them are fixed for the life of a daemon; everything else it
-    can take on the fly.  ``[runner]`` is not the daemon's, and not compared.
+    can take on the fly.  ``[runner]`` and ``[mcp]`` are not the daemon's, and not compared.
     """
     changed = [
         f"daemon.{f.name}" for f in dataclasses.fields(DaemonConfig)

@@ -306,6 +306,7 @@ class Section:
 def configuration() -> list[Section]:
     """Each section of the file, in the order the checker knows them."""
     entries = {"daemon": config.DaemonConfig, "runner": config.RunnerConfig,
+               "mcp": config.McpConfig,
                "slurm": config.SlurmConfig, "metrics": config.MetricsConfig,
                "gpu": config.GpuEntry, "check": config.CheckEntry, "pool": config.PoolEntry}
     schemas = {name: getattr(config, f"_{name.upper()}") for name in config._TABLES} | \
@@ -369,6 +370,11 @@ def _kind(key: str, check) -> tuple[str, str, str]:
         return "integer", "", f"a whole number from 0 to {2**31 - 1}"
     if check is config._user_names:
         return "array of strings", "", "user names"
+    if check is config._commands:
+        return "array of strings", "", "commands: each a program (a name on PATH or a path) " \
+            "and any first arguments"
+    if check is config._folders:
+        return "array of strings", "path", 'absolute folders, or "~/..." (the home folder)'
     if check is config._textfile:
         return "string", "path", 'an absolute path ending in .prom, or "" for none'
     if check is config._capacity:

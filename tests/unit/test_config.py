@@ -13,6 +13,7 @@ from resourced.config import (
     ConfigError,
     DaemonConfig,
     GpuEntry,
+    McpConfig,
     PoolEntry,
     RunnerConfig,
     find_config,
@@ -541,14 +542,14 @@ def test_find_then_load(places):
 # --- the example -------------------------------------------------------------------------
 
 SCHEMA = {
-    "daemon": DaemonConfig, "runner": RunnerConfig, "gpu": GpuEntry, "check": CheckEntry,
-    "pool": PoolEntry,
+    "daemon": DaemonConfig, "runner": RunnerConfig, "mcp": McpConfig, "gpu": GpuEntry,
+    "check": CheckEntry, "pool": PoolEntry,
 }
 
 
 def test_the_schema_knows_exactly_the_dataclass_fields():
     tables = {"daemon": config_module._DAEMON, "runner": config_module._RUNNER,
-              **config_module._ARRAYS}
+              "mcp": config_module._MCP, **config_module._ARRAYS}
     for section, cls in SCHEMA.items():
         assert list(tables[section]) == [f.name for f in dataclasses.fields(cls)]
 
@@ -557,6 +558,7 @@ def test_the_example_loads():
     cfg = load_config(EXAMPLE)
     assert cfg.daemon == DaemonConfig()  # it shows the defaults
     assert cfg.runner == RunnerConfig()
+    assert cfg.mcp == McpConfig()
     assert [(c.name, c.type, c.path) for c in cfg.checks] == [
         ("ram", "ram", None), ("root disk", "disk", "/"),
     ]
@@ -565,7 +567,7 @@ def test_the_example_loads():
 def test_the_example_mentions_every_key():
     text = EXAMPLE.read_text()
     for section, cls in SCHEMA.items():
-        table = f"[{section}]" if section in ("daemon", "runner") else f"[[{section}]]"
+        table = f"[{section}]" if section in ("daemon", "runner", "mcp") else f"[[{section}]]"
         assert table in text
         for f in dataclasses.fields(cls):
             assert re.search(rf"^#? ?{f.name} = ", text, re.MULTILINE), f"{section}.{f.name}"
