@@ -18,7 +18,8 @@ SCHEMA = 4
 ``me.owner_pid``; ``commands.release`` names the claim as the argument; a ``next`` place
 says ``duration_usec``, as every other span (2: ``duration_s``).
 4: as every output of schema 2 (``protocol.names.JSON_SCHEMA``), a booking's ``gpus`` are
-its GPUs' aliases and ``gpus_requested`` its count; a ``next`` place says ``gpu_count``."""
+its GPUs' aliases and ``gpus_requested`` its count; a ``next`` place says ``gpu_count``.
+Added since: ``mcp_jobs`` (what resourced-mcp's ``run`` may start here)."""
 
 CLAIM_KEYS = ("id", "mode", "state", "gpus", "gpu_indices", "vram_bytes", "pools", "until_usec",
               "until_booking", "task_name", "label", "session")
@@ -86,6 +87,7 @@ def context(c) -> dict:
                               for k in state["health"]["checks"]]},
         "notices": state.get("notices", []),
         "limits": state.get("limits", {}),
+        "mcp_jobs": mcp_jobs(c.bus),
         "commands": {
             "run": "gpuctl run --gpus 1 [--for 2h] [--wait] -- COMMAND",
             "claim": f"gpuctl claim --gpus 1 --owner-pid {owner or 'PID'} --task-name WHAT",
@@ -96,6 +98,18 @@ def context(c) -> dict:
             "instructions": "gpuctl agent instructions",
         },
     }
+
+
+def mcp_jobs(bus: str) -> dict:
+    """What resourced-mcp's ``run`` tool may start here (``[mcp]`` of the configuration
+    file): ``run`` (on or off), ``allow_commands``, ``allow_dirs``, ``config`` (the file),
+    ``problem`` (why the file cannot be read, or None), and ``runner``: whether a runner
+    is running for this bus to start them."""
+    from resourced.runner.jobs import jobs_dir, runner_is_running
+
+    from .jobs import allowed
+
+    return {**allowed(), "runner": runner_is_running(jobs_dir(), bus)}
 
 
 SHORT_LIVED = frozenset({"sh", "bash", "dash", "zsh", "fish", "ksh", "mksh", "busybox", "env",

@@ -5,14 +5,17 @@ A thin adapter over the bus: each tool is one or two calls of the blocking
 (``agents.mcp_stdio``), as the user who started it; the daemon decides everything, as it
 does for ``gpuctl``.  It needs nothing beyond the client's own dependencies.
 
-Tools: ``context``, ``recommend``, ``list`` and ``usage`` read; ``claim``, ``book`` and
-``extend`` add; ``release`` and ``cancel`` take away.  Every write takes an
+Tools: ``context``, ``recommend``, ``list``, ``usage``, ``job`` and ``logs`` read;
+``claim``, ``book`` and ``extend`` add; ``release`` and ``cancel`` take away; ``run``
+starts a command on GPUs now and ``stop`` ends it (``agents.jobs``: through the user's
+runner, and only what their configuration's ``[mcp]`` allows).  Every write takes an
 ``operation_id``: retried with the same id and the same arguments it answers the first
 result and does nothing twice.  Bookings keep their ids in the daemon; claims and releases
 (which the daemon has no ids for) keep them in this server, for its lifetime.  Errors
 come back as tool errors whose text starts with the error's code
 (``NotEnoughGPUs: ...``).  Resources: ``resourced://context`` and ``resourced://usage``;
-prompt: ``plan_gpu_work``.  No tool runs a command.
+prompt: ``plan_gpu_work``.  No tool blocks for more than about 30 s (a bus call's
+timeout is 25 s; ``run`` and ``stop`` wait a few seconds at most for the runner).
 
     resourced-mcp [--bus session|system|shared]
 """
@@ -45,9 +48,17 @@ so every other user relies on you following it.
 - Every write takes an operation_id, unique per intent. After a timeout or an unclear
   answer, retry with the same id and the same arguments: you get the first answer, never a
   second claim or booking. dry_run asks the daemon what would happen and changes nothing.
-- No tool here runs a command: you run your commands yourself, on what you claimed, e.g.
+- You run your commands yourself, on what you claimed, e.g.
   `gpuctl run --allocation REF -- python train.py`, or with the environment the claim
   returned (CUDA_VISIBLE_DEVICES). Then `release` the claim.
+- Where your own commands cannot reach the GPUs (a sandbox), and only if the user allowed
+  it in their configuration ([mcp] run, allow_commands, allow_dirs; the context's
+  `mcp_jobs` says what is allowed): `run` a command (its argv as a list, an absolute cwd,
+  GPUs, a time limit). It runs outside this session, on GPUs booked from now for the time
+  limit, and its booking ends with it. Follow it with `job` (state, exit code) and `logs`
+  (its output, from a byte offset), end it with `stop`. It outlives this session: keep
+  its job reference. NotAllowed means the user's configuration or setup does not allow
+  it (the message names the setting): do not try to get around it, tell the user.
 - Errors start with a code: InvalidArgs (fix the request, do not retry), NotEnoughGPUs or
   NotEnoughCapacity (retry later, or book: the message names the nearest start),
   GPUsBusy (the free GPUs run someone's unclaimed processes), LimitExceeded (a limit of
@@ -70,9 +81,10 @@ Plan for running "{what}" on {gpus} GPU(s) for {duration} through resourced:
    if the claim must outlive this MCP session). If it does not fit now: call `recommend`
    for the earliest start, then `book` it with the operation id, and claim when the
    booking starts.
-4. Run the work yourself (no tool runs commands): `gpuctl run --allocation REF -- COMMAND`,
-   or with the `env` the claim returned (CUDA_VISIBLE_DEVICES). Use no GPU you did not
-   claim.
+4. Run the work yourself: `gpuctl run --allocation REF -- COMMAND`, or with the `env` the
+   claim returned (CUDA_VISIBLE_DEVICES). Use no GPU you did not claim. (Where your
+   commands cannot reach the GPUs, the `run` tool runs an allowed command on GPUs of its
+   own instead of steps 3 to 5: follow it with `job` and `logs`.)
 5. When it is done, or fails, call `release` with the claim's ref and a new operation id;
    `cancel` a booking you no longer need. Check `list` or `usage` that nothing is left.
 """
@@ -134,6 +146,7 @@ def build_server(link: Bus | None = None) -> Server:
     from resourced.protocol.when import DURATION_FORMS, parse_duration
 
     from . import context as agent_context
+    from . import jobs as agent_jobs
 
     link = link or Bus()
     server = Server(NAME, "resourced: shared GPUs", __version__, INSTRUCTIONS)
@@ -321,6 +334,103 @@ def build_server(link: Bus | None = None) -> Server:
 
         return ask(cancel_it)
 
+    running = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": True,
+               "openWorldHint": True}
+    job_ref = Param("job", {"type": "string", "minLength": 1, "maxLength": 64, "description": (
+        "The job's reference: what run answered as job (its booking's id).")}, None)
+
+    def run_refusing(call, *args):
+        """``refusing``, and the configuration's refusal as NotAllowed."""
+        try:
+            return refusing(call, *args)
+        except agent_jobs.Refused as exc:
+            raise ToolFailed(f"{exc.code}: {exc.message}") from None
+
+    @tool(running, op_id,
+          Param("command", {"type": "array", "minItems": 1, "maxItems": 4096,
+                            "items": {"type": "string", "minLength": 1, "maxLength": 65536},
+                            "description": (
+              "The command and its arguments, one item each (not one shell line): "
+              "['python3', 'train.py', '--epochs', '3']. No shell runs it.")}, _argv),
+          Param("cwd", {"type": "string", "minLength": 1, "maxLength": 4096, "description": (
+              "The folder to run it in: absolute (or ~/...), inside one the user allows.")},
+              None),
+          Param("duration", {"type": "string", "description": (
+              "Its time limit: the GPUs are booked from now for this long, and it is stopped "
+              "at the end (SIGTERM, then SIGKILL). " + span_forms)}, span_text),
+          gpus, vram, ram, cpu,
+          text("session", "The agent session it belongs to (default: $RESOURCED_SESSION of "
+                          "this server, else its Unix session): `gpuctl stop --session` ends "
+                          "it, and the session's limits count it."),
+          dry_run)
+    def run(operation_id, command, cwd, duration, gpus, vram, ram, cpu, session,
+            dry_run) -> dict:
+        """Run a command now on GPUs of its own, detached from this session, where your
+        own commands cannot reach the GPUs (a sandbox). It books what it needs from now
+        for the time limit and hands the command to the user's runner, which starts it on
+        those GPUs (CUDA_VISIBLE_DEVICES) with this server's environment; the booking ends
+        when the command does. Answers status 'started' (or 'exists': this operation_id's
+        job) with the job's reference; when it does not fit now, 'later' with the earliest
+        start, or 'nowhere', and nothing is started. Then `job` and `logs`; `stop` ends
+        it. Refused with NotAllowed when the user's configuration does not allow it or no
+        runner is running, the setting named. Nothing asked for is one whole GPU."""
+        if gpus is None and vram is None and ram is None and cpu is None:
+            gpus = 1
+        request = {k: v for k, v in (("gpus", gpus), ("vram", vram), ("ram", ram),
+                                     ("cpu", cpu)) if v is not None}
+        answer = run_refusing(link.call, lambda c: agent_jobs.start(
+            c, command, cwd, duration, request, session, operation_id, dry_run))
+        if answer.get("state") == "pending":  # the runner starts it within a second or so
+            job = agent_jobs.waited(agent_jobs.jobs_dir(), answer["job"],
+                                    lambda j: j.state != "pending", agent_jobs.START_WAIT)
+            if job is not None:
+                answer.update(state=job.state, final=job.final,
+                              exit_code=job.exit_code if job.final else None)
+        return answer
+
+    server.tools["run"] = server.tools["run"]._replace(description=_paragraph(
+        server.tools["run"].description + " " + agent_jobs.described()))
+
+    @tool(reading, job_ref)
+    def job(job) -> dict:
+        """One of my jobs (run's, or a booked command's): its state (pending, running,
+        succeeded, failed, timed-out, cancelled, missed), its exit code once over, its
+        command, folder and session, how much output its log holds, and its booking."""
+        found = refusing(agent_jobs.mine, job)
+        try:  # (the job file says how it stands even while the daemon is away)
+            booking = link.call(lambda c: c.booking(found.booking))
+        except ResourcedError:
+            booking = None
+        return agent_jobs.described_job(found, booking)
+
+    @tool(reading, job_ref,
+          Param("offset", {"type": "integer", "minimum": 0, "maximum": 2**40, "default": 0,
+                           "description": (
+              "Where to start, in bytes (next_offset of the last call; 0: the beginning). "
+              "The log keeps the last 5 to 10 MiB of output.")}, None),
+          Param("max_bytes", {"type": "integer", "minimum": 1,
+                              "maximum": agent_jobs.MAX_LOG_CHUNK,
+                              "default": agent_jobs.LOG_CHUNK,
+                              "description": "At most this many bytes of output."}, None))
+    def logs(job, offset, max_bytes) -> dict:
+        """A job's output so far (stdout and stderr together) from a byte offset, at most
+        max_bytes of it: text, next_offset (pass it as offset to go on), size, more
+        (whether more is there now) and the job's state (final: it will not grow)."""
+        return agent_jobs.read_log(refusing(agent_jobs.mine, job), offset, max_bytes)
+
+    @tool(removing, op_id, job_ref, dry_run)
+    def stop(operation_id, job, dry_run) -> dict:
+        """End one of my jobs now: its booking ends (its GPUs with it), and the runner sends
+        the command's process group SIGTERM, then SIGKILL after its grace. Answers the job
+        as `job` does, once it is over or after a few seconds (then it is still stopping:
+        ask `job` again)."""
+        found = refusing(agent_jobs.mine, job)
+        booking = ask(lambda c: agent_jobs.stop(c, found.booking, operation_id, dry_run))
+        if not dry_run and not found.final:
+            found = agent_jobs.waited(agent_jobs.jobs_dir(), found.booking,
+                                      lambda j: j.final, agent_jobs.STOP_WAIT) or found
+        return {"dry_run": dry_run, **agent_jobs.described_job(found, booking)}
+
     @tool(reading, name="list")
     def list_mine() -> dict:
         """My claims (granted and waiting, each with its ref, GPUs, owner pid, end) and my
@@ -370,6 +480,12 @@ def optional(schema: dict, description: str) -> dict:
     the type to convert what a person typed (the MCP Inspector's CLI) sent ``"1"`` for
     ``anyOf: [integer, null]``."""
     return {**schema, "default": None, "description": description}
+
+
+def _argv(value) -> None:
+    """A command's words: no NUL (no program can take one)."""
+    if isinstance(value, list) and any(isinstance(w, str) and "\0" in w for w in value):
+        raise ValueError("a word of the command holds a NUL character")
 
 
 def _paragraph(text: str) -> str:

@@ -10,7 +10,8 @@ bus), so a slow one holds up no other.
 Written here rather than built on the official SDK: importing the SDK takes about a
 second (its pydantic models of every protocol revision), and resourced-mcp must answer
 its first ``initialize`` in well under one.  Arguments are checked against each tool's
-JSON Schema, of the few kinds the tools use (``type``, ``anyOf``, lengths and bounds).
+JSON Schema, of the few kinds the tools use (``type``, ``anyOf``, lengths and bounds, and
+arrays of those).
 """
 
 import json
@@ -295,7 +296,8 @@ def checked(params: tuple[Param, ...], arguments: Any) -> dict:
     return values
 
 
-KINDS = {"string": "text", "integer": "an integer", "boolean": "true or false", "null": "null"}
+KINDS = {"string": "text", "integer": "an integer", "boolean": "true or false", "null": "null",
+         "array": "a list"}
 
 
 def mismatch(schema: dict, value) -> str | None:
@@ -319,10 +321,19 @@ def mismatch(schema: dict, value) -> str | None:
                 f"must have at least {schema['minLength']} characters")
         if len(value) > schema.get("maxLength", len(value)):
             return f"must have at most {schema['maxLength']} characters"
+    elif schema["type"] == "array":
+        if len(value) < schema.get("minItems", 0):
+            return f"must have at least {schema['minItems']} item(s)"
+        if len(value) > schema.get("maxItems", len(value)):
+            return f"must have at most {schema['maxItems']} items"
+        for i, item in enumerate(value):
+            if (why := mismatch(schema["items"], item)) is not None:
+                return f"item {i} {why}"
     return None
 
 
 def _is(kind: str, value) -> bool:
     if kind == "integer":
         return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, {"string": str, "boolean": bool, "null": type(None)}[kind])
+    return isinstance(value, {"string": str, "boolean": bool, "null": type(None),
+                              "array": list}[kind])

@@ -115,6 +115,10 @@ class Job:
     detail: str = ""
     stopping: str = ""            # timed-out or cancelled: why the runner is stopping it
     reported: bool = False        # whether the daemon has been told this state
+    origin: str = ""              # what made it: "" gpuctl book, "mcp" resourced-mcp's run
+    session: str = ""             # the agent session its booking belongs to (as booked)
+    op_id: str = ""               # the operation id it was asked with (resourced-mcp)
+    release_when_done: bool = False  # end the booking once the command has ended (run now)
     version: int = FILE_VERSION
     extra: dict = field(default_factory=dict, compare=False)  # keys of newer versions
 

@@ -13,6 +13,8 @@ user unit resourced-runner.service) and:
   configuration file) before the booking's end and SIGKILL at the end (timed-out),
   re-reading the end as the booking changes; a booking cancelled or released under its
   job: SIGTERM, SIGKILL ``--grace`` seconds later (cancelled);
+- a command run now through resourced-mcp (``release_when_done`` in its job file): once
+  it has ended, ends its booking, so that its GPUs are free at once;
 - reports how the command ended: succeeded, failed (its exit code), timed-out,
   cancelled; a pending job whose booking was cancelled, cancelled; one whose booking had
   started more than 60 s before the runner saw it (the runner was not there), missed.
@@ -412,7 +414,25 @@ class Runner:
             except ResourcedError as exc:
                 log.warning("cannot report the job of %s as %s: %s", booking_id, job.state, exc)
         self._store(replace(job, reported=True))
+        if job.final and job.release_when_done:
+            self._end_booking(booking_id)
         return job.final
+
+    def _end_booking(self, booking_id: str) -> None:
+        """A command run now (resourced-mcp's run) is over: its booking ends with it (an
+        active one is released), so its GPUs are free at once rather than at its end."""
+        from resourced.errors import ResourcedError
+
+        rec = self.records.get(booking_id)
+        if isinstance(rec, dict) and rec.get("state") == "ended":
+            return
+        try:
+            self.records[booking_id] = self.client.cancel(
+                booking_id, reason="its command ended")
+        except ResourcedError as exc:  # it ends at its end
+            log.warning("cannot end the booking of %s after its command: %s", booking_id, exc)
+            return
+        log.info("booking %s ended with its command", booking_id)
 
     # -- small helpers -----------------------------------------------------------------
     def now(self) -> int:

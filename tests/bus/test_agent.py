@@ -8,7 +8,7 @@ import pytest
 from ..conftest import gpuctl
 
 CONTEXT_KEYS = {"schema", "now", "me", "daemon", "holding", "free", "next", "queue", "health",
-                "notices", "limits", "commands"}
+                "notices", "limits", "mcp_jobs", "commands"}
 
 
 @pytest.fixture

@@ -3,10 +3,12 @@
 Each test spawns the installed ``resourced-mcp`` (next to this interpreter) with this
 process's environment (the private bus, the simulated clock), talks to it with
 ``mcp.client.stdio.stdio_client`` and ``ClientSession``, and gives up after TIMEOUT seconds.
+The tests of ``run`` and its kin use ``test_runner``'s daemon, runner and jobs directory.
 """
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -16,23 +18,30 @@ import pytest
 from mcp import ClientSession
 from mcp.client import stdio
 
-from resourced.client.sync import Client
 from resourced.agents.mcp import INSTRUCTIONS
+from resourced.client.sync import Client
+from resourced.runner import jobs
 
 from ..conftest import ROOT, eventually
+from . import test_runner
 from .test_agent import CONTEXT_KEYS
+from .test_runner import WAIT, ok, runner
+
+job_env, jobs_daemon = test_runner.job_env, test_runner.jobs_daemon  # (its fixtures)
 
 SERVER = Path(sys.executable).with_name("resourced-mcp")
 TIMEOUT = 30
-WRITES = {"claim", "book", "release", "extend", "cancel"}
-READS = {"context", "recommend", "list", "usage"}
+WRITES = {"claim", "book", "release", "extend", "cancel", "run", "stop"}
+READS = {"context", "recommend", "list", "usage", "job", "logs"}
 
 
-def session(scenario, timeout: float = TIMEOUT):
-    """Run ``await scenario(session)`` against a fresh resourced-mcp; its result."""
+def session(scenario, timeout: float = TIMEOUT, env: dict | None = None):
+    """Run ``await scenario(session)`` against a fresh resourced-mcp (with ``env``, else
+    this process's environment); its result."""
     async def main():
         with anyio.fail_after(timeout):
-            params = stdio.StdioServerParameters(command=str(SERVER), env=dict(os.environ))
+            params = stdio.StdioServerParameters(command=str(SERVER),
+                                                 env=dict(os.environ if env is None else env))
             async with stdio.stdio_client(params) as (read, write), \
                     ClientSession(read, write) as s:
                 await s.initialize()
@@ -68,7 +77,7 @@ def test_tools_say_what_they_do_and_every_write_needs_an_operation_id():
     for name in WRITES:
         hints = tools[name].annotations
         assert hints.read_only_hint is False, name
-        assert hints.destructive_hint is (name in {"release", "cancel"}), name
+        assert hints.destructive_hint is (name in {"release", "cancel", "run", "stop"}), name
         assert hints.idempotent_hint is True, name
         assert "operation_id" in tools[name].input_schema["required"], name
         assert tools[name].input_schema["properties"]["dry_run"]["type"] == "boolean"
@@ -411,3 +420,120 @@ def test_the_official_inspector_passes_numbers_to_the_tools_as_numbers(daemon, o
     assert len(allocation["gpu_uuids"]) == 2
     with Client() as c:
         c.release(allocation["ref"])
+
+
+# -- run, job, logs, stop: a command started by the user's runner, if [mcp] allows it ----
+
+PRINT = "python3", "-c", "print('hello from the job', flush=True)"
+LONG = "python3", "-c", "import time; print('up', flush=True); time.sleep(60)"
+
+
+def configured(env: dict, tmp_path, text: str) -> dict:
+    """``env`` with a configuration file holding ``text``."""
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    return {**env, "RESOURCED_CONFIG": str(path)}
+
+
+def allowing(folder, commands=("python3",)) -> str:
+    listed = ", ".join(f"'{c}'" for c in commands)
+    return f"[mcp]\nrun = true\nallow_commands = [{listed}]\nallow_dirs = ['{folder}']\n"
+
+
+async def finished(s, ref: str) -> dict:
+    """The job tool's answer once the job is over."""
+    with anyio.fail_after(WAIT):
+        while not (answer := await call(s, "job", job=ref))["final"]:
+            await anyio.sleep(0.05)
+    return answer
+
+
+def test_run_refuses_what_the_user_did_not_allow_and_starts_nothing(job_env, tmp_path):
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    (work / "out").symlink_to(elsewhere)
+    env = configured(job_env, tmp_path, "")
+    config = tmp_path / "config.toml"
+
+    async def scenario(s):
+        run = {"operation_id": "r-1", "duration": "10m", "gpus": 1}
+        said = {"off": await refused(s, "run", command=list(PRINT), cwd=str(work), **run)}
+        config.write_text(allowing(work))  # read again at each call
+        said["command"] = await refused(s, "run", command=["sh", "-c", "echo hi"],
+                                        cwd=str(work), **run)
+        said["folder"] = await refused(s, "run", command=list(PRINT), cwd=str(elsewhere), **run)
+        said["link"] = await refused(s, "run", command=list(PRINT), cwd=str(work / "out"), **run)
+        said["runner"] = await refused(s, "run", command=list(PRINT), cwd=str(work), **run)
+        listed = {t.name: t for t in (await s.list_tools()).tools}
+        return said, listed["run"].description, await call(s, "context"), await call(s, "list")
+
+    said, description, context, mine = session(scenario, env=env)
+    assert said["off"].startswith("NotAllowed: ") and "mcp.run" in said["off"], said["off"]
+    assert str(config) in said["off"]
+    assert "sh -c 'echo hi' is not allowed: mcp.allow_commands" in said["command"]
+    assert "mcp.allow_dirs" in said["folder"] and str(elsewhere) in said["folder"]
+    assert "mcp.allow_dirs" in said["link"] and str(elsewhere) in said["link"]  # resolved
+    assert "no runner is running" in said["runner"] and "gpuctl runner" in said["runner"]
+    assert "Off here" in description  # as the file said when the server started
+    assert context["mcp_jobs"] == {"run": True, "allow_commands": ["python3"],
+                                   "allow_dirs": [str(work)], "config": str(config),
+                                   "problem": None, "runner": False}
+    assert mine["bookings"] == [] and mine["claims"] == []
+    assert jobs.job_ids(jobs.jobs_dir(job_env)) == []
+
+
+def test_a_run_job_runs_through_the_runner_and_outlives_the_mcp_session(job_env, tmp_path):
+    env = configured(job_env, tmp_path, allowing(tmp_path))
+    with runner(job_env, tmp_path):
+        async def first(s):
+            ran = await call(s, "run", operation_id="hello", command=list(PRINT),
+                             cwd=str(tmp_path), duration="10m", gpus=1, session="mcp-test")
+            again = await call(s, "run", operation_id="hello", command=list(PRINT),
+                               cwd=str(tmp_path), duration="10m", gpus=1, session="mcp-test")
+            over = await finished(s, ran["job"])
+            output = await call(s, "logs", job=ran["job"])
+            rest = await call(s, "logs", job=ran["job"], offset=output["next_offset"])
+            long = await call(s, "run", operation_id="long", command=list(LONG),
+                              cwd=str(tmp_path), duration="10m", gpus=1, session="mcp-test")
+            return ran, again, over, output, rest, long
+
+        ran, again, over, output, rest, long = session(first, env=env)
+        assert ran["status"] == "started" and ran["started"] is True
+        assert again["status"] == "exists" and again["job"] == ran["job"]
+        assert ran["booking"]["gpu_indices"] and ran["session"] == "mcp-test"
+        kept = jobs.load(jobs.jobs_dir(job_env), ran["job"])
+        assert (kept.argv, kept.cwd, kept.origin) == (list(PRINT), str(tmp_path), "mcp")
+        assert ran["booking"]["task_name"] == shlex.join(PRINT)
+        assert ran["booking"]["label"] == f"mcp {tmp_path}"
+        assert (over["state"], over["exit_code"]) == ("succeeded", 0)
+        assert output["text"] == "hello from the job\n" and output["final"]
+        assert (rest["text"], rest["more"]) == ("", False)
+
+        def held() -> set:  # its booking ended with it: its claim is gone
+            with Client() as c:
+                return {k["id"] for k in c.status()["claims"]}
+
+        eventually(lambda: ran["job"] not in held(), WAIT)
+        with Client() as c:
+            assert c.booking(ran["job"])["ended"] == "released"
+
+        # the long one runs on without the MCP session that started it
+        ref = long["job"]
+        assert long["state"] == "running", long
+        job = jobs.load(jobs.jobs_dir(job_env), ref)
+        assert jobs.alive(job) and job.session == "mcp-test"
+        assert "mcp-test" in ok(job_env, "sessions").stdout
+        ok(job_env, "stop", "--session", "mcp-test")
+
+        async def second(s):  # a new session finds it again, and sees it stopped; and
+            stopped = await finished(s, ref)  # the stop tool ends another
+            other = await call(s, "run", operation_id="long-2", command=list(LONG),
+                               cwd=str(tmp_path), duration="10m", gpus=1)
+            return stopped, await call(s, "logs", job=ref), \
+                await call(s, "stop", operation_id="stop-2", job=other["job"])
+
+        over, output, other = session(second, env=env)
+        assert over["state"] == "cancelled" and output["text"].startswith("up\n")
+        assert (other["state"], other["booking"]["state"]) == ("cancelled", "ended"), other
+        eventually(lambda: jobs.process_start(job.pid) is None, WAIT)
