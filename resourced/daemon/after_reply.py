@@ -1,14 +1,14 @@
 """Work left for after the replies of a loop turn: signals, audit lines, usage history.
 
-dbus-fast sends an ``async`` method's reply from a callback that its task schedules on
-returning, so the reply comes after anything the method itself scheduled with
-``call_soon``; what waits one loop turn more comes after the reply.  (With one turn, the
-audit lines and the usage history were written before the reply: about a third of the
-time a claim and its release took to answer.)
+A method that answers at once (the bus's eager handler) has its reply written in the
+callback that read its call, so the next loop turn comes after it; one that awaits
+something is answered from a callback of a later turn, so while such a call is still
+unanswered the work waits one turn more.  (With none, the audit lines and the usage
+history were written before the reply: about a third of the time a claim and its
+release took to answer.)
 """
 
 import asyncio
-import contextlib
 import logging
 
 log = logging.getLogger("resourced")
@@ -23,24 +23,43 @@ class AfterReply:
     def __init__(self):
         self._calls: list[tuple] = []
         self._holds: list = []
+        self._unanswered = _never
 
     def hold(self, context) -> None:
         """Run each turn's calls inside ``context()`` too."""
         self._holds.append(context)
 
+    def wait_for(self, unanswered) -> None:
+        """``unanswered()``: whether a bus call is still to be answered from a later
+        callback (then the calls wait one more turn)."""
+        self._unanswered = unanswered
+
     def __call__(self, fn, *args) -> None:
         if not self._calls:  # (no running loop raises here, before anything is queued)
-            loop = asyncio.get_running_loop()
-            loop.call_soon(loop.call_soon, self._run)
+            asyncio.get_running_loop().call_soon(self._next_turn)
         self._calls.append((fn, args))
+
+    def _next_turn(self) -> None:
+        if self._unanswered():
+            asyncio.get_running_loop().call_soon(self._run)
+        else:
+            self._run()
 
     def _run(self) -> None:
         calls, self._calls = self._calls, []
-        with contextlib.ExitStack() as held:
-            for context in self._holds:
-                held.enter_context(context())
+        held = [context() for context in self._holds]
+        for context in held:
+            context.__enter__()
+        try:
             for fn, args in calls:
                 try:
                     fn(*args)
                 except Exception:  # the others still run
                     log.exception("%s after a reply failed", getattr(fn, "__qualname__", fn))
+        finally:
+            for context in reversed(held):
+                context.__exit__(None, None, None)
+
+
+def _never() -> bool:
+    return False

@@ -46,13 +46,11 @@
 """
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import socket
 import sys
 import types
-from functools import partial
 
 from dbus_fast import Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
@@ -145,15 +143,24 @@ class _Joined:
         return self.data
 
 
-def _settle(futures: list, joined) -> None:
-    """Each message's future, as the write of them all ended."""
-    exc = None if joined.cancelled() else joined.exception()
-    for fut in futures:
-        if not fut.done():
-            if exc is None:
-                fut.set_result(None)
-            else:
-                fut.set_exception(exc)
+class _Batch:
+    """``DaemonBus.batch()``: one object, entered again and again (a generator's context
+    cost more than the rest of a signal's sending); a batch inside one joins it."""
+
+    __slots__ = ("bus", "depth")
+
+    def __init__(self, bus: "DaemonBus"):
+        self.bus, self.depth = bus, 0
+
+    def __enter__(self) -> None:
+        if not self.depth:
+            self.bus._held = []
+        self.depth += 1
+
+    def __exit__(self, *_) -> None:
+        self.depth -= 1
+        if not self.depth:
+            self.bus._flush(None)
 
 
 class DaemonBus(MessageBus):
@@ -163,59 +170,53 @@ class DaemonBus(MessageBus):
         self.object_manager = object_manager
         self._below = object_manager.rstrip("/") + "/"  # the paths it manages start so
         self._announce = True  # False for the duration of a quiet export or unexport
-        self._held: list | None = None  # (bytes, future) sent during a batch
+        self._held: list | None = None  # the bytes of what was sent during a batch
+        self._written = None  # the future of the held messages' write (made when needed)
+        self._batch = _Batch(self)
+        self.unanswered = 0  # method calls not answered in the callback that read them
 
     def send(self, msg: Message):
         """dbus-fast's send; inside a batch the message is written at its end, but made
         into bytes now, so that a value it cannot carry fails here as it would have (a
         reply then becomes an error reply, a call fails in its caller): only a signal is
-        dropped, logged, where the others go on."""
-        if self._held is None or msg.unix_fds:  # (the daemon sends no descriptors)
-            if self._held:  # written now: what was held goes first
-                held, self._held = self._held, []
-                self._send_together(held)
+        dropped, logged, where the others go on.  The messages of a batch share one
+        future: their write's."""
+        held = self._held
+        if held is None or msg.unix_fds:  # (the daemon sends no descriptors)
+            if held:  # written now: what was held goes first
+                self._flush([])
             return super().send(msg)
         if not msg.serial:
             msg.serial = self.next_serial()
-        future = self._loop.create_future()
         try:
-            data = msg._marshall(self._negotiate_unix_fd)
+            held.append(msg._marshall(self._negotiate_unix_fd))
         except Exception:
             if msg.message_type is not MessageType.SIGNAL:
                 raise
             log.exception("%s.%s not sent", msg.interface, msg.member)
+            future = self._loop.create_future()
             future.cancel()
             return future
-        self._held.append((data, future))
-        return future
+        if self._written is None:
+            self._written = self._loop.create_future()
+        return self._written
 
-    @contextlib.contextmanager
-    def batch(self):
-        """Messages sent inside go out together at its end, in order, in one write.
+    def batch(self) -> _Batch:
+        """A context: messages sent inside go out together at its end, in order, in one
+        write.
 
         Each write costs a system call and a wake-up of the bus daemon; for the signals
         of a claim+release (about eight) one write instead of one each saved the bus
         daemon about a tenth of its work (38 of 360 us), as much as InterfacesAdded and
         InterfacesRemoved added to it."""
-        if self._held is not None:  # already in one
-            yield
-            return
-        self._held = []
-        try:
-            yield
-        finally:
-            held, self._held = self._held, None
-            self._send_together(held)
+        return self._batch
 
-    def _send_together(self, held: list) -> None:
-        """Write ``held`` (bytes, future), in order, with one write."""
-        if len(held) == 1:
-            data, future = held[0]
-            self._writer.schedule_write(_Joined(data), future)
-        elif held:
-            joined = self._loop.create_future()
-            joined.add_done_callback(partial(_settle, [future for _, future in held]))
-            self._writer.schedule_write(_Joined(b"".join(data for data, _ in held)), joined)
+    def _flush(self, held_next: list | None) -> None:
+        """Write what is held, with one write; hold ``held_next`` from now on."""
+        held, future, self._held, self._written = self._held, self._written, held_next, None
+        if held:
+            self._writer.schedule_write(
+                _Joined(held[0] if len(held) == 1 else b"".join(held)), future)
 
     def _make_method_handler(self, interface: ServiceInterface, method):
         """dbus-fast's handler, but an ``async`` method starts at once (module docstring),
@@ -242,10 +243,15 @@ class DaemonBus(MessageBus):
                     return
             self._pending_futures.add(task)  # held until done, as dbus-fast does
             task.add_done_callback(self._pending_futures.discard)
+            self.unanswered += 1
             task.add_done_callback(
-                lambda done: self._answer(done, msg, send_reply, replying, reply))
+                lambda done: self._answer_later(done, msg, send_reply, replying, reply))
 
         return handler
+
+    def _answer_later(self, task: asyncio.Future, *how) -> None:
+        self.unanswered -= 1
+        self._answer(task, *how)
 
     def _answer(self, task: asyncio.Future, msg: Message, send_reply, replying: bool,
                 reply) -> None:

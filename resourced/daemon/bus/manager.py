@@ -162,6 +162,7 @@ class ManagerInterface(Interface):
         self.shared = shared
         self._bind(bus)
         engine.after_reply.hold(lambda: self.bus.batch())  # a turn's signals: one write
+        engine.after_reply.wait_for(lambda: self.bus.unanswered > 0)
         self._gpus: dict[str, GpuInterface] = {}
         self._claims: dict[str, ClaimInterface] = {}  # the claim objects exported so far
         self._waiting: set[str] = set()  # queued claims (their outcome is signalled so)
