@@ -1,6 +1,6 @@
 """What it means when this process may not open a bus socket: most often a coding agent's
-sandbox, which takes a Unix socket for network access ("Sandboxed coding agents" in
-docs/how-to/agents.md).
+sandbox, which takes a Unix socket for network access; the way through it is the MCP
+server, outside the sandbox ("Sandboxed coding agents" in docs/how-to/agents.md).
 
 The bus's files are open to everyone who may use resourced there (the session bus to its
 user, the system bus to all, a shared bus to its group), so a permission error on the
@@ -10,9 +10,10 @@ unless the socket lies in another account's closed folder: then it is their bus.
 
 from resourced.errors import AccessDenied
 
-ADVICE = ("a coding agent's sandbox must allow connecting to it (Codex: network_access = "
-          "true under [sandbox_workspace_write] in ~/.codex/config.toml; see \"Sandboxed "
-          "coding agents\" in docs/how-to/agents.md)")
+ADVICE = ("a coding agent's sandbox blocks it: run GPU jobs through resourced-mcp, which "
+          "runs outside the sandbox (its run tool), or allow connecting to the socket (Codex: "
+          "network_access = true under [sandbox_workspace_write] in ~/.codex/config.toml); "
+          "see \"Sandboxed coding agents\" in docs/how-to/agents.md")
 
 
 def socket_of(bus: str) -> str:

@@ -101,9 +101,10 @@ def test_a_refused_bus_socket_is_named_with_the_sandbox_setting(refused_socket, 
     said = bus or "session"  # looking for a daemon, the session bus was refused first
     assert r.stderr == (
         f"gpuctl: cannot connect to the {said} bus socket {refused_socket} (permission "
-        "denied): a coding agent's sandbox must allow connecting to it (Codex: "
-        "network_access = true under [sandbox_workspace_write] in ~/.codex/config.toml; "
-        "see \"Sandboxed coding agents\" in docs/how-to/agents.md)\n")
+        "denied): a coding agent's sandbox blocks it: run GPU jobs through resourced-mcp, "
+        "which runs outside the sandbox (its run tool), or allow connecting to the socket "
+        "(Codex: network_access = true under [sandbox_workspace_write] in "
+        "~/.codex/config.toml); see \"Sandboxed coding agents\" in docs/how-to/agents.md\n")
 
 
 def test_the_asyncio_client_says_the_same(refused_socket):
