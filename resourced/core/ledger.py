@@ -475,10 +475,13 @@ class Ledger:
         usable = [u for u in free if u not in busy]
         booked_from = ({u: self._booked_from(u) for u in self.timeline.memory}
                        if self.timeline.holds else {})
-        usable.sort(key=lambda u: booked_from.get(u, 0), reverse=True)  # unbooked, then latest
+        if booked_from:
+            usable.sort(key=lambda u: booked_from.get(u, 0), reverse=True)  # unbooked, then latest
         placeable = set(usable)
-        vram = {u: self.gpus[u].memory_bytes - self.vram_used(u) - self.foreign_vram.get(u, 0)
-                for u in self.gpus if u not in self._holder and (u in placeable or self._shares.get(u))}
+        shares, foreign = self._shares, self.foreign_vram
+        vram = {u: g.memory_bytes - sum(shares.get(u, {}).values()) - foreign.get(u, 0)
+                for u, g in self.gpus.items()
+                if u not in self._holder and (u in placeable or shares.get(u))}
         pools = {name: self.pool_free(name) for name in self.pools}
         return View(usable, vram, pools, self._memory, busy_free=len(free) - len(usable),
                     booked_from=booked_from)

@@ -38,9 +38,8 @@ def never_fits(ledger, d: Demand, on: tuple[str, ...] = ()) -> None:
             raise NotEnoughCapacity(
                 f"{format_amount(amount, pool.unit)} of {name} requested, "
                 f"the pool holds {format_amount(pool.capacity, pool.unit)}")
-    biggest = max((g.memory_bytes for u, g in ledger.gpus.items() if u not in ledger.slurm),
-                  default=0)
-    if d.vram > biggest:
+    if d.vram and d.vram > (biggest := max((g.memory_bytes for u, g in ledger.gpus.items()
+                                            if u not in ledger.slurm), default=0)):
         raise NotEnoughCapacity(f"{format_amount(d.vram, 'bytes')} of VRAM requested, "
                                 f"the largest GPU has {format_amount(biggest, 'bytes')}")
 

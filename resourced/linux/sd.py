@@ -96,15 +96,12 @@ def one_line(text: str) -> str:
     return text if text.isprintable() else text.translate(_CONTROL)
 
 
-def stderr_text(message: str, priority: int, fields: dict, journal: bool,
-                detail: str = "") -> str:
+def stderr_text(message: str, priority: int, journal: bool, detail: str = "") -> str:
     """A line for stderr: ``<N>message`` for journald (which adds time and name), else
-    ``resourced: message key=value ...``.  The message is kept to one line (its control
-    characters escaped); ``detail`` (a traceback) follows on lines of its own, each one
-    an entry of its own in the journal."""
+    ``resourced: message``.  The message is kept to one line (its control characters
+    escaped); ``detail`` (a traceback) follows on lines of its own, each one an entry of
+    its own in the journal."""
     text = one_line(message)
-    if fields and not journal:
-        text += " " + " ".join(f"{k.lower()}={one_line(str(v))}" for k, v in fields.items())
     if detail:
         text += "\n" + detail
     if journal:
@@ -121,7 +118,7 @@ class StderrFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         detail = self.formatException(record.exc_info) if record.exc_info else ""
-        return stderr_text(record.getMessage(), PRIORITIES.get(record.levelno, 6), {},
+        return stderr_text(record.getMessage(), PRIORITIES.get(record.levelno, 6),
                            self.journal, detail)
 
 
@@ -233,8 +230,18 @@ def audit(message: str, priority: int = 5, **fields) -> None:
     entry on the journal's native socket where there is one, and a line on stderr unless
     stderr is the journal too.  Not a ``logging`` record: three of them per claim and
     release, and the logging machinery was three quarters of their cost."""
-    fields = {f"RESOURCED_{k.upper()}": v for k, v in fields.items()}
     if _journal is not None:
-        _journal.send(message, priority, {k: str(v) for k, v in fields.items()})
+        _journal.send(message, priority,
+                      {f"RESOURCED_{k.upper()}": str(v) for k, v in fields.items()})
     if _audit_stderr is not None:
-        _audit_stderr.write(stderr_text(message, priority, fields, _audit_stderr.journal))
+        _audit_stderr.write(stderr_text(message, priority, True) if _audit_stderr.journal
+                            else _audit_line(message, fields))
+
+
+def _audit_line(message: str, fields: dict) -> str:
+    """An audit event's line where stderr is not the journal: ``resourced: message
+    resourced_key=value ...`` (the keys are keywords, lower case already), each value
+    kept to one line."""
+    return " ".join([f"resourced: {one_line(message)}",
+                     *(f"resourced_{k}={v}" if type(v) is int else
+                       f"resourced_{k}={one_line(str(v))}" for k, v in fields.items())])
