@@ -122,6 +122,27 @@ class StderrFormatter(logging.Formatter):
                            self.journal, detail)
 
 
+class _Held:
+    """``StderrHandler.held()``: one object, entered again and again (twice per claim and
+    release: a generator's context cost more than its lines' write); one inside another
+    joins it.  Entered on the loop's thread only."""
+
+    __slots__ = ("handler", "depth")
+
+    def __init__(self, handler: "StderrHandler"):
+        self.handler, self.depth = handler, 0
+
+    def __enter__(self) -> None:
+        if not self.depth:
+            self.handler._lines = []
+        self.depth += 1
+
+    def __exit__(self, *_) -> None:
+        self.depth -= 1
+        if not self.depth:
+            self.handler._flush()
+
+
 class StderrHandler(logging.StreamHandler):
     """stderr, where the lines written inside ``held()`` go out in one write at its end."""
 
@@ -130,6 +151,7 @@ class StderrHandler(logging.StreamHandler):
         self.journal = journal
         self.setFormatter(StderrFormatter(journal))
         self._lines: list[str] | None = None
+        self._held = _Held(self)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -145,19 +167,15 @@ class StderrHandler(logging.StreamHandler):
             else:
                 self._put(text + self.terminator)
 
-    @contextlib.contextmanager
-    def held(self):
-        if self._lines is not None:  # already in one
-            yield
-            return
-        self._lines = []
-        try:
-            yield
-        finally:
-            with self.lock:  # (a thread may be logging)
-                lines, self._lines = self._lines, None
-                if lines:
-                    self._put("".join(lines))
+    def held(self) -> "_Held":
+        """A context: the lines written inside go out in one write at its end."""
+        return self._held
+
+    def _flush(self) -> None:
+        with self.lock:  # (a thread may be logging)
+            lines, self._lines = self._lines, None
+            if lines:
+                self._put("".join(lines))
 
     def _put(self, text: str) -> None:
         with contextlib.suppress(OSError, ValueError):  # stderr gone: nothing to tell
