@@ -5,7 +5,7 @@ and figures; a waiter's outcome."""
 from dbus_fast import Message
 
 from resourced.core import health as health_levels
-from resourced.core.calendar import BookingEvent, Notice
+from resourced.core.calendar import Notice
 from resourced.core.claims import BOOKING
 from resourced.core.ledger import (
     ClaimEnding,
@@ -110,32 +110,36 @@ class Signals:
         out: list[tuple] = []  # (function, args), in order
         touched_gpus: set[str] = set()
         touched_pools: set[str] = set()
-        calendar = [e for e in events if isinstance(e, (BookingEvent, Notice))]
+        calendar, claims, counts = [], [], False  # counts: the Manager's totals may change
+        for event in events:  # one pass: most batches are a claim's one or two events
+            if type(event) in ON_EVENT:
+                claims.append(event)
+            elif isinstance(event, GpuUseChanged):
+                touched_gpus.update(event.gpus)
+                counts = True
+            else:
+                calendar.append(event)  # a BookingEvent or a Notice
         if calendar:
             out += self.calendar(calendar)
-        use = [e for e in events if isinstance(e, GpuUseChanged)]
-        for event in use:
-            touched_gpus.update(event.gpus)
-        if calendar or use:
-            events = [e for e in events
-                      if not isinstance(e, (BookingEvent, Notice, GpuUseChanged))]
-        for event in events:
+        live = m.engine.ledger.claims
+        for event in claims:
             claim = event.claim
             m.view.changed(claim.id)  # whatever the event, the record changed
             handler, needs_live_claim = ON_EVENT[type(event)]
-            if needs_live_claim and claim.id not in m.engine.ledger.claims:
+            if needs_live_claim and claim.id not in live:
                 continue  # it ended in the same batch: no object speaks for it any more
             handler(self, event, out)
-            if isinstance(event, (ClaimGranted, ClaimReleased)):
-                touched_gpus.update(claim.gpus)
-                touched_pools.update(name for name, _ in claim.demand.pools)
+            if type(event) in COUNTED:
+                counts = True
+                if type(event) is not ClaimQueued:  # granted or released
+                    touched_gpus.update(claim.gpus)
+                    touched_pools.update(name for name, _ in claim.demand.pools)
         for uuid in touched_gpus:
             gpu = m._gpus[uuid]
             out.append((gpu.emit_properties_changed, {
                 "State": gpu.State, "ClaimID": gpu.ClaimID, "VRAMUsedBytes": gpu.VRAMUsedBytes}))
         totals = [name for name in touched_pools if m._totals.due_now(name)]
-        if (use or any(isinstance(e, (ClaimQueued, ClaimGranted, ClaimReleased))
-                       for e in events)) and m._totals.due_now(MANAGER_PATH):
+        if counts and m._totals.due_now(MANAGER_PATH):
             totals.append(MANAGER_PATH)
         if totals:
             out.append((self.announce_totals, totals))
@@ -239,6 +243,9 @@ class Signals:
         for fn, *args in calls:
             fn(*args)
 
+
+COUNTED = (ClaimQueued, ClaimGranted, ClaimReleased)
+"""The events that change the Manager's totals (FreeGPUs, NClaims, NQueued)."""
 
 CHANGED = {
     OwnerDied: lambda claim: {"OwnerAlive": False},
