@@ -603,7 +603,7 @@ class Ledger:
         booking that needs what it holds, whichever comes first."""
         share = claim.gpus[0] if claim.shared else ""
         hold = Hold(claim.id, claim.created_usec, None, () if share else claim.gpus, share,
-                    claim.demand.vram, claim.demand.pools)
+                    claim.demand.vram, claim.demand.pools, claim=True)
         until, booking = claim.end_usec, ""
         conflict = self.timeline.first_conflict(hold)
         if conflict is not None and (not until or conflict[0] < until):
@@ -614,8 +614,10 @@ class Ledger:
             self._bounded.add(claim.id)
         else:
             self._bounded.discard(claim.id)
-        self.timeline.add(Hold(hold.id, hold.start, until or None, hold.whole, share,
-                               hold.vram, hold.pools, claim=True))
+        if until:  # (with no end, the hold asked about is the one kept)
+            hold = Hold(hold.id, hold.start, until, hold.whole, share, hold.vram, hold.pools,
+                        claim=True)
+        self.timeline.add(hold)
 
     def _booked_from(self, uuid: str) -> int:
         """When a free GPU is first booked (far in the future when never)."""

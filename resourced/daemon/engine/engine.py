@@ -100,6 +100,7 @@ from .usage import UsageHistory
 log = logging.getLogger("resourced")
 
 ID_ALPHABET = string.ascii_lowercase + string.digits
+ID_SHIFTS = (0, 6, 12, 18, 24, 30)  # a reference's six characters, from 30 random bits
 MAX_MEMBERS = 64
 """Member pids one claim may name: a wrapper or two, not a process table."""
 MAX_DURATION_USEC = 10 * 365 * DAY
@@ -570,7 +571,7 @@ class Engine:
         claim of the same id)."""
         while True:
             n = int.from_bytes(secrets.token_bytes(5), "big")
-            ref = prefix + "".join(ID_ALPHABET[(n >> (6 * i)) % 36] for i in range(6))
+            ref = prefix + "".join([ID_ALPHABET[(n >> shift) % 36] for shift in ID_SHIFTS])
             if ref not in self.ledger.claims and ref not in self.calendar.bookings and \
                     ref not in self.calendar.blackouts and ref not in self.calendar.notices:
                 return ref
