@@ -43,6 +43,12 @@ def bus_string(name: str, value) -> str:
     return value
 
 
+def named_gpus(names) -> list[str] | None:
+    """GPUs named by alias, index or UUID, as the ``GPUNames`` and ``Exclude`` options
+    carry them (None: the option left out)."""
+    return None if names is None else [bus_string("GPU", str(g)) for g in names]
+
+
 UINT32_MAX = 2**32 - 1
 INT32 = (-(2**31), 2**31 - 1)
 

@@ -22,6 +22,7 @@ from .arguments import (
     bus_string,
     bus_whole,
     memory_and_counts,
+    named_gpus,
     session_option,
     span,
 )
@@ -73,8 +74,7 @@ def request_options(gpus=None, duration=None, start=None, gpu_names=None, exclud
     return tables.options(
         tables.BOOK_OPTIONS,
         gpus=None if gpus is None else bus_whole("gpus", gpus, 0, UINT32_MAX),
-        gpu_names=None if gpu_names is None else [bus_string("GPU", str(g)) for g in gpu_names],
-        exclude=None if exclude is None else [bus_string("GPU", str(g)) for g in exclude],
+        gpu_names=named_gpus(gpu_names), exclude=named_gpus(exclude),
         vram_bytes=vram, pools=amounts if amounts or pools is not None else None,
         duration_usec=None if duration is None else span("duration", duration),
         start_usec=None if start is None else instant("start", start),

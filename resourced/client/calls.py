@@ -48,6 +48,7 @@ from .arguments import (
     bus_string,
     bus_whole,
     memory_and_counts,
+    named_gpus,
     session_option,
     span,
     wait_span,
@@ -377,9 +378,7 @@ class Calls(BookingCalls):
         queue_timeout = None if timeout is None else wait_span(timeout)
         options = {**session_option(session), **tables.options(
             tables.CLAIM_OPTIONS, vram_bytes=vram, pools=amounts or None,
-            gpu_names=gpu_names if gpu_names is None else [bus_string("GPU", str(g))
-                                                           for g in gpu_names],
-            exclude=exclude if exclude is None else [bus_string("GPU", str(g)) for g in exclude],
+            gpu_names=named_gpus(gpu_names), exclude=named_gpus(exclude),
             isolate=None if isolate is None else bool(isolate),
             dry_run=dry_run or None,
             mode=bus_string("mode", mode),
