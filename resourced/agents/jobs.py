@@ -258,19 +258,14 @@ def by_operation(directory: Path, op_id: str):
     return None
 
 
-def jobs_dir() -> Path:
-    from resourced.runner.jobs import jobs_dir
-
-    return jobs_dir()
-
-
-def waited(directory: Path, ref: str, done, seconds: float):
+def waited(ref: str, done, seconds: float):
     """The job of ``ref`` once ``done(job)`` holds, or as it is after ``seconds`` (None:
     it has no job file, or one that cannot be read)."""
     import time
 
     from resourced.runner import jobs
 
+    directory = jobs.jobs_dir()
     deadline = time.monotonic() + seconds
     while True:
         try:
@@ -305,8 +300,7 @@ def described_job(job, booking: dict | None) -> dict:
     from resourced.protocol.time import iso_utc, with_times
     from resourced.runner import jobs
 
-    directory = jobs_dir()
-    log_bytes = len_log(jobs.job_path(directory, job.booking, ".log"))
+    log_bytes = len_log(jobs.job_path(jobs.jobs_dir(), job.booking, ".log"))
     return {"job": job.booking, "state": job.state, "final": job.final,
             "exit_code": job.exit_code if job.final else None, "detail": job.detail,
             "argv": job.argv, "cwd": job.cwd, "session": job.session,
@@ -333,7 +327,7 @@ def read_log(job, offset: int, limit: int) -> dict:
     its last 5 to 10 MiB), as text (cut at a whole character); ``next_offset`` to go on."""
     from resourced.runner import jobs
 
-    path = jobs.job_path(jobs_dir(), job.booking, ".log")
+    path = jobs.job_path(jobs.jobs_dir(), job.booking, ".log")
     held = jobs.read_log(path)
     chunk = held[offset:offset + limit]
     if offset + len(chunk) < len(held):

@@ -381,7 +381,7 @@ def build_server(link: Bus | None = None) -> Server:
         answer = run_refusing(link.call, lambda c: agent_jobs.start(
             c, command, cwd, duration, request, session, operation_id, dry_run))
         if answer.get("state") == "pending":  # the runner starts it within a second or so
-            job = agent_jobs.waited(agent_jobs.jobs_dir(), answer["job"],
+            job = agent_jobs.waited(answer["job"],
                                     lambda j: j.state != "pending", agent_jobs.START_WAIT)
             if job is not None:
                 answer.update(state=job.state, final=job.final,
@@ -427,7 +427,7 @@ def build_server(link: Bus | None = None) -> Server:
         found = refusing(agent_jobs.mine, job)
         booking = ask(lambda c: agent_jobs.stop(c, found.booking, operation_id, dry_run))
         if not dry_run and not found.final:
-            found = agent_jobs.waited(agent_jobs.jobs_dir(), found.booking,
+            found = agent_jobs.waited(found.booking,
                                       lambda j: j.final, agent_jobs.STOP_WAIT) or found
         return {"dry_run": dry_run, **agent_jobs.described_job(found, booking)}
 
