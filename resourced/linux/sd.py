@@ -16,6 +16,8 @@ import socket
 import sys
 import time
 
+from .nesting import Outermost
+
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 AUDIT_MESSAGE_ID = "3f5b3c2e9a0d4e61b1a7c4d2e8f90a17"  # MESSAGE_ID of every resourced audit event
 
@@ -122,27 +124,6 @@ class StderrFormatter(logging.Formatter):
                            self.journal, detail)
 
 
-class _Held:
-    """``StderrHandler.held()``: one object, entered again and again (twice per claim and
-    release: a generator's context cost more than its lines' write); one inside another
-    joins it.  Entered on the loop's thread only."""
-
-    __slots__ = ("handler", "depth")
-
-    def __init__(self, handler: "StderrHandler"):
-        self.handler, self.depth = handler, 0
-
-    def __enter__(self) -> None:
-        if not self.depth:
-            self.handler._lines = []
-        self.depth += 1
-
-    def __exit__(self, *_) -> None:
-        self.depth -= 1
-        if not self.depth:
-            self.handler._flush()
-
-
 class StderrHandler(logging.StreamHandler):
     """stderr, where the lines written inside ``held()`` go out in one write at its end."""
 
@@ -151,7 +132,7 @@ class StderrHandler(logging.StreamHandler):
         self.journal = journal
         self.setFormatter(StderrFormatter(journal))
         self._lines: list[str] | None = None
-        self._held = _Held(self)
+        self._held = Outermost(self._hold, self._flush)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -167,9 +148,12 @@ class StderrHandler(logging.StreamHandler):
             else:
                 self._put(text + self.terminator)
 
-    def held(self) -> "_Held":
+    def held(self) -> Outermost:
         """A context: the lines written inside go out in one write at its end."""
         return self._held
+
+    def _hold(self) -> None:
+        self._lines = []
 
     def _flush(self) -> None:
         with self.lock:  # (a thread may be logging)

@@ -57,6 +57,7 @@ from dbus_fast.aio import MessageBus
 from dbus_fast.service import ServiceInterface, _Property
 from dbus_fast.signature import get_signature_tree
 
+from resourced.linux.nesting import Outermost
 from resourced.protocol.names import MANAGER_PATH
 
 try:  # dbus-fast's own names for what its handler does; another version: its handler
@@ -143,26 +144,6 @@ class _Joined:
         return self.data
 
 
-class _Batch:
-    """``DaemonBus.batch()``: one object, entered again and again (a generator's context
-    cost more than the rest of a signal's sending); a batch inside one joins it."""
-
-    __slots__ = ("bus", "depth")
-
-    def __init__(self, bus: "DaemonBus"):
-        self.bus, self.depth = bus, 0
-
-    def __enter__(self) -> None:
-        if not self.depth:
-            self.bus._held = []
-        self.depth += 1
-
-    def __exit__(self, *_) -> None:
-        self.depth -= 1
-        if not self.depth:
-            self.bus._flush(None)
-
-
 class DaemonBus(MessageBus):
     def __init__(self, *args, object_manager: str = MANAGER_PATH, **kwargs):
         super().__init__(*args, **kwargs)
@@ -172,7 +153,7 @@ class DaemonBus(MessageBus):
         self._announce = True  # False for the duration of a quiet export or unexport
         self._held: list | None = None  # the bytes of what was sent during a batch
         self._written = None  # the future of the held messages' write (made when needed)
-        self._batch = _Batch(self)
+        self._batch = Outermost(self._hold, self._flush)
         self.unanswered = 0  # method calls not answered in the callback that read them
 
     def send(self, msg: Message):
@@ -201,7 +182,7 @@ class DaemonBus(MessageBus):
             self._written = self._loop.create_future()
         return self._written
 
-    def batch(self) -> _Batch:
+    def batch(self) -> Outermost:
         """A context: messages sent inside go out together at its end, in order, in one
         write.
 
@@ -211,7 +192,10 @@ class DaemonBus(MessageBus):
         InterfacesRemoved added to it."""
         return self._batch
 
-    def _flush(self, held_next: list | None) -> None:
+    def _hold(self) -> None:
+        self._held = []
+
+    def _flush(self, held_next: list | None = None) -> None:
         """Write what is held, with one write; hold ``held_next`` from now on."""
         held, future, self._held, self._written = self._held, self._written, held_next, None
         if held:
