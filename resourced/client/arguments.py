@@ -8,7 +8,7 @@ import os
 
 from resourced.errors import InvalidArgs
 from resourced.protocol import records as tables
-from resourced.protocol.time import USEC, Usec, seconds_of_usec, usec_of_seconds
+from resourced.protocol.time import USEC, Usec, seconds_of, seconds_of_usec, usec_of_seconds
 
 
 def parsed(parser: str, value, *name: str) -> int:
@@ -115,7 +115,7 @@ def wait_span(value) -> int:
     least 0."""
     if isinstance(value, Usec) and 0 <= value < 2**63:
         return int(value)
-    seconds = seconds_of_usec(value) if isinstance(value, Usec) else value
+    seconds = seconds_of(value)
     if not 0 <= seconds < 2**63 / USEC:
         raise InvalidArgs(f"timeout must be a number of seconds of at least 0, not {seconds!r}")
     return usec_of_seconds(seconds)
